@@ -1,0 +1,1 @@
+"""Integrations of tiercache with training frameworks (PyTorch datasets and checkpoints)."""

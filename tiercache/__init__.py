@@ -1,0 +1,1 @@
+"""tiercache: a tiered cache in front of object storage, as an fsspec filesystem."""
