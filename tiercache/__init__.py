@@ -1,1 +1,38 @@
 """tiercache: a tiered cache in front of object storage, as an fsspec filesystem."""
+
+from tiercache.config import TierCacheConfig
+from tiercache.errors import (
+    AccessDeniedError,
+    CacheCorruptError,
+    CacheTimeoutError,
+    ConfigError,
+    ObjectChangedError,
+    ObjectNotFoundError,
+    StoreError,
+    StoreUnavailableError,
+    TierCacheError,
+)
+from tiercache.filesystem import TierCacheFileSystem
+from tiercache.store import MemoryStore, ObjectInfo, ObjectStore, S3Options, S3Store
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AccessDeniedError",
+    "CacheCorruptError",
+    "CacheTimeoutError",
+    "ConfigError",
+    "MemoryStore",
+    "ObjectChangedError",
+    "ObjectInfo",
+    "ObjectNotFoundError",
+    "ObjectStore",
+    "S3Options",
+    "S3Store",
+    "StoreError",
+    "StoreUnavailableError",
+    "TierCacheConfig",
+    "TierCacheError",
+    "TierCacheFileSystem",
+    "__version__",
+]

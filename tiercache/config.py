@@ -1,0 +1,192 @@
+"""The frozen, validated configuration of a tiercache filesystem, built from kwargs and environment.
+
+Precedence: keyword arguments (fsspec ``storage_options``) win over ``TIERCACHE_*`` environment
+variables, which win over the defaults below. Every bad value raises ``ConfigError`` naming the
+option.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from tiercache.errors import ConfigError
+
+Consistency = Literal["immutable", "ttl", "always"]
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": KiB,
+    "kb": 1000,
+    "kib": KiB,
+    "m": MiB,
+    "mb": 1000**2,
+    "mib": MiB,
+    "g": GiB,
+    "gb": 1000**3,
+    "gib": GiB,
+    "t": 1024 * GiB,
+    "tb": 1000**4,
+    "tib": 1024 * GiB,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def default_local_dir() -> str:
+    """Return the per-user default location of the local tier."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "tiercache")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TierCacheConfig:
+    """Options of the cache tiers and of the read path.
+
+    Attributes:
+        local_dir: directory of the node-local tier (created private to the user).
+        local_max_bytes: byte budget of the local tier; LRU eviction keeps it under.
+        consistency: ``immutable`` never revalidates, ``ttl`` revalidates by ETag after
+            ``ttl`` seconds, ``always`` sends a HEAD on every open.
+        ttl: seconds an entry is trusted without revalidation in ``ttl`` mode.
+        fetch_concurrency: parallel ranged GETs per object fetch.
+        part_size: bytes per ranged GET and per multipart-upload part.
+        lock_timeout: seconds to wait for a fetch held by another process before failing.
+        retries: attempts per store request (throttling, 5xx, connection errors).
+        connect_timeout: seconds to establish a connection to the store.
+        read_timeout: seconds without data before a store read is abandoned (and retried).
+        file_mode: permission bits of cache files (directories get the matching x bits).
+    """
+
+    local_dir: str = dataclasses.field(default_factory=default_local_dir)
+    local_max_bytes: int = 10 * GiB
+    consistency: Consistency = "ttl"
+    ttl: float = 60.0
+    fetch_concurrency: int = 4
+    part_size: int = 16 * MiB
+    lock_timeout: float = 300.0
+    retries: int = 5
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
+    file_mode: int = 0o600
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.local_dir, str) or not self.local_dir:
+            raise ConfigError("local_dir must be a non-empty path")
+        _require_int("local_max_bytes", self.local_max_bytes, minimum=1)
+        if self.consistency not in get_args(Consistency):
+            raise ConfigError(
+                f"consistency must be one of {', '.join(get_args(Consistency))}, "
+                f"got {self.consistency!r}"
+            )
+        _require_number("ttl", self.ttl, minimum=0.0)
+        _require_int("fetch_concurrency", self.fetch_concurrency, minimum=1, maximum=64)
+        _require_int("part_size", self.part_size, minimum=5 * MiB, maximum=5 * GiB)
+        _require_number("lock_timeout", self.lock_timeout, minimum=0.0)
+        _require_int("retries", self.retries, minimum=1, maximum=100)
+        _require_number("connect_timeout", self.connect_timeout, minimum=0.001)
+        _require_number("read_timeout", self.read_timeout, minimum=0.001)
+        _require_int("file_mode", self.file_mode, minimum=0o400, maximum=0o666)
+        if not self.file_mode & 0o600 == 0o600:
+            raise ConfigError("file_mode must give the owner read and write (0o600)")
+
+    @property
+    def dir_mode(self) -> int:
+        """Directory permission bits matching ``file_mode`` (read implies search)."""
+        mode = self.file_mode | 0o700
+        if self.file_mode & 0o040:
+            mode |= 0o010
+        if self.file_mode & 0o004:
+            mode |= 0o001
+        return mode
+
+    @classmethod
+    def from_options(
+        cls, options: Mapping[str, Any], environ: Mapping[str, str] | None = None
+    ) -> TierCacheConfig:
+        """Build a config from keyword options, falling back to ``TIERCACHE_*`` variables."""
+        environ = os.environ if environ is None else environ
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise ConfigError(
+                f"unknown tiercache option(s): {', '.join(unknown)}; "
+                f"known options: {', '.join(sorted(names))}"
+            )
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            env_name = "TIERCACHE_" + field.name.upper()
+            if field.name in options and options[field.name] is not None:
+                values[field.name] = _coerce(field.name, options[field.name])
+            elif env_name in environ:
+                values[field.name] = _coerce(field.name, environ[env_name], source=env_name)
+        return cls(**values)
+
+
+_SIZE_FIELDS = {"local_max_bytes", "part_size"}
+_INT_FIELDS = {"fetch_concurrency", "retries"}
+_FLOAT_FIELDS = {"ttl", "lock_timeout", "connect_timeout", "read_timeout"}
+
+
+def _coerce(name: str, value: Any, source: str | None = None) -> Any:
+    """Turn strings from the environment or JSON into the field's type."""
+    label = source or name
+    if name in _SIZE_FIELDS:
+        return parse_size(value, label)
+    if name == "file_mode" and isinstance(value, str):
+        try:
+            return int(value, 8)
+        except ValueError:
+            raise ConfigError(f"{label} must be an octal mode such as 600, got {value!r}") from None
+    if isinstance(value, str) and name in _INT_FIELDS:
+        try:
+            return int(value)
+        except ValueError:
+            raise ConfigError(f"{label} must be an integer, got {value!r}") from None
+    if isinstance(value, str) and name in _FLOAT_FIELDS:
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(f"{label} must be a number of seconds, got {value!r}") from None
+    if name == "local_dir" and isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return value
+
+
+def parse_size(value: Any, name: str = "size") -> int:
+    """Parse a byte count given as an int or a string such as ``"10GiB"`` or ``"512MB"``."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be a byte count, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        match = _SIZE_RE.match(value)
+        if match and match.group(2).lower() in _SIZE_UNITS:
+            return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+    raise ConfigError(f"{name} must be a byte count such as 1073741824 or '1GiB', got {value!r}")
+
+
+def _require_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+        raise ConfigError(f"{name} must be {bound}, got {value}")
+
+
+def _require_number(name: str, value: Any, minimum: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if not value >= minimum:  # also rejects NaN
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")

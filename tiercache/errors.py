@@ -1,0 +1,55 @@
+"""The exception tree of tiercache.
+
+Every error tiercache raises derives from ``TierCacheError``; concrete errors also derive from
+the matching built-in so that callers' ``except FileNotFoundError`` clauses keep working::
+
+    TierCacheError(Exception)
+    ├── ConfigError(ValueError)              an option has a bad value; the message names it
+    ├── ObjectNotFoundError(FileNotFoundError)   no such bucket or key
+    ├── AccessDeniedError(PermissionError)   the store refused the credentials or the action
+    ├── StoreError(OSError)                  the store answered with an error we do not retry
+    │   ├── StoreUnavailableError(ConnectionError)  retries spent: unreachable, 5xx, throttled
+    │   └── ObjectChangedError               the object changed while it was being fetched
+    ├── CacheTimeoutError(TimeoutError)      waited too long for another fetcher
+    └── CacheCorruptError(OSError)           a cache entry failed its integrity check
+
+Messages name the bucket/key, the endpoint and the operation, never credentials.
+"""
+
+from __future__ import annotations
+
+
+class TierCacheError(Exception):
+    """Base of every error raised by tiercache."""
+
+
+class ConfigError(TierCacheError, ValueError):
+    """An option has a bad value; the message names the option."""
+
+
+class ObjectNotFoundError(TierCacheError, FileNotFoundError):
+    """The bucket or the key does not exist in the store."""
+
+
+class AccessDeniedError(TierCacheError, PermissionError):
+    """The store refused the request (credentials or policy)."""
+
+
+class StoreError(TierCacheError, OSError):
+    """The store answered with an error that retrying will not fix."""
+
+
+class StoreUnavailableError(StoreError, ConnectionError):
+    """The store could not be reached or kept failing after bounded retries."""
+
+
+class ObjectChangedError(StoreError):
+    """The object's ETag changed while tiercache was fetching it."""
+
+
+class CacheTimeoutError(TierCacheError, TimeoutError):
+    """Waited longer than allowed for a fetch held by another thread or process."""
+
+
+class CacheCorruptError(TierCacheError, OSError):
+    """A cache entry failed its size or digest check."""

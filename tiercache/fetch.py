@@ -1,0 +1,219 @@
+"""``Fetch``: one object streaming from the store into a tier, readable while it arrives.
+
+A fetch runs in its own thread so that it completes (and the entry is published) even when the
+reader that started it stops early. It holds the entry's inter-process lock for its whole
+life: other processes on the node wait for it and then find the published entry. The xxh3
+digest is computed while the bytes stream in (parts that arrive out of order are hashed from
+the file once the gap before them fills).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import xxhash
+
+from tiercache.errors import CacheCorruptError
+from tiercache.extents import Extents
+from tiercache.stats import Stats
+from tiercache.store.base import ObjectInfo, ObjectStore
+from tiercache.store.download import CHUNK, download
+from tiercache.store.retry import RetryPolicy
+from tiercache.tiers.entry import CachedEntry, EntryMeta, EntryPaths
+from tiercache.tiers.local import LocalTier
+
+
+@dataclass(frozen=True)
+class FetchRequest:
+    """Which object to fetch, into which entry, and how."""
+
+    bucket: str
+    key: str
+    source: str
+    namespace: str
+    entry_id: str
+    part_size: int
+    concurrency: int
+    lock_timeout: float
+    # Accept an entry another process published while we waited for its lock.
+    accept_existing: Callable[[CachedEntry], bool]
+
+
+class Fetch:
+    """An in-flight fetch; it is also the ``RangeSink`` the download writes into."""
+
+    def __init__(
+        self,
+        request: FetchRequest,
+        tier: LocalTier,
+        store: ObjectStore,
+        retry: RetryPolicy,
+        stats: Stats,
+        on_finish: Callable[[Fetch], None] | None = None,
+    ) -> None:
+        self.request = request
+        self._on_finish = on_finish
+        self._tier = tier
+        self._store = store
+        self._retry = retry
+        self._stats = stats
+        self._cond = threading.Condition()
+        self._extents = Extents()
+        self._hash_lock = threading.Lock()
+        self._hasher = xxhash.xxh3_64()
+        self._hashed = 0
+        self._fd = -1
+        self._reserved = 0
+        self._paths: EntryPaths | None = None
+        self.info: ObjectInfo | None = None
+        self.entry: CachedEntry | None = None
+        self.error: BaseException | None = None
+        self.finished = False
+
+    def start(self) -> None:
+        name = f"tiercache-fetch-{self.request.entry_id[:8]}"
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    # -- the reader's side -------------------------------------------------------------------
+
+    def wait_started(self) -> None:
+        """Wait until bytes can be read: the part file exists, or the fetch ended.
+
+        No timeout is needed here: the fetch thread's own waits (entry lock, store requests)
+        are bounded, so it always finishes.
+        """
+        with self._cond:
+            self._cond.wait_for(lambda: self.info is not None or self.finished)
+            if self.error is not None:
+                raise self.error
+
+    def part_path(self) -> str:
+        assert self._paths is not None
+        return self._paths.part
+
+    def wait_finished(self) -> CachedEntry:
+        """Block until the entry is published; raise the fetch's error."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.finished)
+        if self.error is not None:
+            raise self.error
+        assert self.entry is not None
+        return self.entry
+
+    def wait_range(self, start: int, end: int) -> None:
+        """Block until ``[start, end)`` is in the part file; raise the fetch's error."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.finished or self._extents.covers(start, end))
+            if self.error is not None:
+                raise self.error
+
+    # -- the download's side (RangeSink) -----------------------------------------------------
+
+    def begin(self, info: ObjectInfo) -> None:
+        self._tier.reserve(info.size)
+        self._reserved = info.size
+        with self._cond:
+            self.info = info
+            self._cond.notify_all()
+
+    def write(self, offset: int, data: bytes) -> None:
+        written = os.pwrite(self._fd, data, offset)
+        if written != len(data):
+            raise OSError(f"short write to {self._paths}: {written} of {len(data)} bytes")
+        self._stats.add("bytes_fetched", len(data))
+        with self._cond:
+            self._extents.add(offset, offset + len(data))
+            prefix = self._extents.prefix_end()
+            self._cond.notify_all()
+        self._hash(offset, data, prefix)
+
+    def _hash(self, offset: int, data: bytes, prefix: int) -> None:
+        with self._hash_lock:
+            if offset == self._hashed:
+                self._hasher.update(data)
+                self._hashed += len(data)
+            while self._hashed < prefix:  # parts that arrived before the gap closed
+                chunk = os.pread(self._fd, min(CHUNK, prefix - self._hashed), self._hashed)
+                self._hasher.update(chunk)
+                self._hashed += len(chunk)
+
+    # -- the fetch thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        req = self.request
+        try:
+            with self._tier.entry_lock(req.entry_id, req.lock_timeout) as paths:
+                existing = self._tier.lookup(req.entry_id, req.namespace, req.source)
+                if existing is not None and req.accept_existing(existing):
+                    self._stats.add("fetches_joined_other_process")
+                    self._finish(entry=existing)
+                    return
+                self._paths = paths
+                self._fd = self._tier.create_part(paths)
+                try:
+                    self._finish(entry=self._download_and_publish(paths))
+                finally:
+                    os.close(self._fd)
+        except BaseException as exc:
+            self._stats.add("fetch_errors")
+            self._finish(error=exc)
+
+    def _download_and_publish(self, paths: EntryPaths) -> CachedEntry:
+        req = self.request
+        started = time.monotonic()
+        try:
+            info = download(
+                self._store,
+                req.bucket,
+                req.key,
+                self,
+                part_size=req.part_size,
+                concurrency=req.concurrency,
+                retry=self._retry,
+            )
+            with self._cond:
+                arrived = self._extents.prefix_end()
+            self._hash(-1, b"", arrived)
+            if self._hashed != info.size or os.fstat(self._fd).st_size != info.size:
+                raise CacheCorruptError(
+                    f"{req.source}: fetched {self._hashed} bytes, the store said {info.size}"
+                )
+            now = time.time()
+            meta = EntryMeta(
+                source=req.source,
+                namespace=req.namespace,
+                size=info.size,
+                etag=info.etag,
+                digest=self._hasher.hexdigest(),
+                fetched_at=now,
+                validated_at=now,
+                last_modified=info.last_modified,
+            )
+            entry = self._tier.publish(paths, self._fd, meta)
+        except BaseException:
+            _remove_quietly(paths.part)
+            raise
+        finally:
+            self._tier.release(self._reserved)
+        self._stats.add("fetches")
+        self._stats.add_time("fetch_seconds", time.monotonic() - started)
+        return entry
+
+    def _finish(self, entry: CachedEntry | None = None, error: BaseException | None = None) -> None:
+        with self._cond:
+            self.entry = entry
+            self.error = error
+            self.finished = True
+            self._cond.notify_all()
+        if self._on_finish is not None:
+            self._on_finish(self)
+
+
+def _remove_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)

@@ -1,0 +1,381 @@
+"""``TierCacheFileSystem``: the fsspec filesystem ``tiercache`` (``tiercache::s3://bucket/key``).
+
+It owns the pieces and wires them together; the data paths live in ``read_path`` (reads),
+``write_through`` (writes), ``tiers`` and ``store``. Listings and metadata come from the store
+(they are not cached); object bytes come through the local tier.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from fsspec.utils import stringify_path
+
+from tiercache.cached_file import CachedFile
+from tiercache.config import TierCacheConfig
+from tiercache.errors import ConfigError, ObjectNotFoundError
+from tiercache.read_path import ReadPath, source_url
+from tiercache.stats import Stats
+from tiercache.store.base import ListEntry, ObjectInfo, ObjectStore
+from tiercache.store.retry import RetryPolicy
+from tiercache.store.s3 import S3Store
+from tiercache.store.s3_options import S3Options
+from tiercache.tiers.local import EvictionReport, LocalTier
+from tiercache.write_through import WriteThroughFile
+
+try:  # fsspec >= 2025.x marks filesystems meant to be chained (``tiercache::s3://``)
+    from fsspec.implementations.chained import ChainedFileSystem as _Base
+except ImportError:  # pragma: no cover - older fsspec passes ``fo`` all the same
+    from fsspec import AbstractFileSystem as _Base
+
+_PREFIXES = ("tiercache::", "tiercache://", "s3://", "s3a://")
+_TARGETS = ("s3", "s3a")
+
+
+class TierCacheFileSystem(_Base):  # type: ignore[misc]
+    """Read S3 objects through a node-local cache tier; write them through to S3.
+
+    Options (keyword arguments, or ``tiercache={...}`` in ``fsspec.open``) are those of
+    ``TierCacheConfig``; the store's options go in ``target_options`` (``s3={...}`` in a chained
+    URL): ``endpoint_url``, ``key``, ``secret``, ``token``, ``profile``, ``region``,
+    ``addressing_style``, ``anon``, ``client_kwargs``, ``config_kwargs``.
+    """
+
+    protocol = ("tiercache",)
+    root_marker = ""
+
+    def __init__(
+        self,
+        target_protocol: str | None = None,
+        target_options: dict[str, Any] | None = None,
+        fo: str | None = None,
+        store: ObjectStore | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__()
+        if target_protocol not in (None, *_TARGETS):
+            raise ConfigError(
+                f"target_protocol {target_protocol!r} is not supported; tiercache caches s3://"
+            )
+        self.config = TierCacheConfig.from_options(options)
+        self.store: ObjectStore = store or _s3_store(self.config, target_options or {})
+        self.tier = LocalTier(
+            self.config.local_dir,
+            self.config.local_max_bytes,
+            file_mode=self.config.file_mode,
+            dir_mode=self.config.dir_mode,
+        )
+        self._stats = Stats()
+        self.read_path = ReadPath(self.config, self.tier, self.store, self._stats)
+
+    def __repr__(self) -> str:
+        return (
+            f"TierCacheFileSystem(store={self.store!r}, local_dir={self.config.local_dir!r}, "
+            f"consistency={self.config.consistency!r})"
+        )
+
+    # -- paths -------------------------------------------------------------------------------
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> Any:
+        if isinstance(path, list):
+            return [cls._strip_protocol(p) for p in path]
+        path = stringify_path(path)
+        stripped = True
+        while stripped:
+            stripped = False
+            for prefix in _PREFIXES:
+                if path.startswith(prefix):
+                    path = path[len(prefix) :]
+                    stripped = True
+        return path.lstrip("/").rstrip("/")
+
+    @staticmethod
+    def _get_kwargs_from_urls(path: str) -> dict[str, Any]:
+        return {}
+
+    def split_path(self, path: str) -> tuple[str, str]:
+        """``"bucket/key"`` (any accepted URL form) → ``("bucket", "key")``."""
+        path = self._strip_protocol(path)
+        if "\x00" in path:
+            raise ValueError(f"path contains a NUL byte: {path!r}")
+        bucket, _, key = path.partition("/")
+        if not bucket:
+            raise ValueError(f"path names no bucket: {path!r}")
+        return bucket, key
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _open(
+        self,
+        path: str,
+        mode: str = "rb",
+        block_size: int | None = None,
+        autocommit: bool = True,
+        cache_options: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> CachedFile | WriteThroughFile:
+        bucket, key = self.split_path(path)
+        if not key:
+            raise IsADirectoryError(21, "a bucket is not a file", path)
+        if mode == "rb":
+            opened = self.read_path.open(bucket, key)
+            return CachedFile(f"{bucket}/{key}", opened, self._count_read)
+        if mode in ("wb", "xb"):
+            if mode == "xb" and self.exists(path):
+                raise FileExistsError(17, "object exists", path)
+            return WriteThroughFile(
+                f"{bucket}/{key}",
+                bucket,
+                key,
+                store=self.store,
+                tier=self.tier,
+                entry_id=self.read_path.entry_id(bucket, key),
+                source=source_url(bucket, key),
+                lock_timeout=self.config.lock_timeout,
+                stats=self._stats,
+            )
+        raise ValueError(
+            f"mode {mode!r} is not supported: use 'rb' or 'wb' (objects have no append)"
+        )
+
+    def _count_read(self, nbytes: int) -> None:
+        self._stats.add("bytes_read", nbytes)
+
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        bucket, key = self.split_path(path)
+        if not key:
+            next(
+                iter(self.store.list_objects(bucket, "", "/")), None
+            )  # raises if there is no bucket
+            return {"name": bucket, "type": "directory", "size": 0}
+        entry = self.read_path.cached(bucket, key)
+        if entry is not None and self.config.consistency == "immutable":
+            meta = entry.meta
+            info = ObjectInfo(bucket, key, meta.size, meta.etag, meta.last_modified)
+            return _file_dict(info, cached=True)
+        try:
+            return _file_dict(self.store.head(bucket, key), cached=entry is not None)
+        except ObjectNotFoundError:
+            if next(iter(self.store.list_objects(bucket, key + "/", "/")), None) is not None:
+                return {"name": f"{bucket}/{key}", "type": "directory", "size": 0}
+            raise
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
+        path = self._strip_protocol(path)
+        if not path:
+            rows: list[dict[str, Any]] = [
+                {"name": b, "type": "directory", "size": 0} for b in self.store.list_buckets()
+            ]
+        else:
+            bucket, key = self.split_path(path)
+            prefix = f"{key}/" if key else ""
+            rows = [
+                _entry_dict(e)
+                for e in self.store.list_objects(bucket, prefix, "/")
+                if e.key != prefix
+            ]
+            if not rows and key:
+                info = self.info(path)
+                if info["type"] == "file":
+                    rows = [info]
+        rows.sort(key=lambda r: str(r["name"]))
+        return rows if detail else [r["name"] for r in rows]
+
+    def find(
+        self,
+        path: str,
+        maxdepth: int | None = None,
+        withdirs: bool = False,
+        detail: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        path = self._strip_protocol(path)
+        if maxdepth is not None or not path:
+            return super().find(path, maxdepth=maxdepth, withdirs=withdirs, detail=detail)
+        bucket, key = self.split_path(path)
+        prefix = f"{key}/" if key else ""
+        found: dict[str, dict[str, Any]] = {}
+        for entry in self.store.list_objects(bucket, prefix, None):
+            if entry.key.endswith("/"):
+                continue  # zero-byte "directory marker" objects
+            row = _entry_dict(entry)
+            found[row["name"]] = row
+            if withdirs:
+                _add_parent_dirs(found, path, row["name"])
+        if key and (withdirs and found):
+            found[path] = {"name": path, "type": "directory", "size": 0}
+        if not found and key:
+            try:
+                info = self.info(path)
+            except FileNotFoundError:
+                info = None
+            if info is not None and info["type"] == "file":
+                found[path] = info
+        names = sorted(found)
+        return {n: found[n] for n in names} if detail else names
+
+    def modified(self, path: str) -> datetime.datetime:
+        stamp = self.info(path).get("mtime")
+        if stamp is None:
+            raise NotImplementedError("the store did not report a modification time")
+        return datetime.datetime.fromtimestamp(stamp, tz=datetime.timezone.utc)
+
+    # -- writing (straight through to the store) ---------------------------------------------
+
+    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
+        bucket, key = self.split_path(path)
+        if mode == "create" and self.exists(path):
+            raise FileExistsError(17, "object exists", path)
+        self.store.put_bytes(bucket, key, bytes(value))
+        self.read_path.invalidate(bucket, key)
+
+    def put_file(
+        self, lpath: str, rpath: str, callback: Any = None, mode: str = "overwrite", **kwargs: Any
+    ) -> None:
+        if os.path.isdir(lpath):
+            return  # object stores have no directories to create
+        bucket, key = self.split_path(rpath)
+        if mode == "create" and self.exists(rpath):
+            raise FileExistsError(17, "object exists", rpath)
+        self.store.upload_file(bucket, key, lpath)
+        self.read_path.invalidate(bucket, key)
+        if callback is not None:
+            size = os.path.getsize(lpath)
+            callback.set_size(size)
+            callback.relative_update(size)
+
+    def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        src_bucket, src_key = self.split_path(path1)
+        dst_bucket, dst_key = self.split_path(path2)
+        if self.info(path1)["type"] == "directory":
+            return
+        self.store.copy(src_bucket, src_key, dst_bucket, dst_key)
+        self.read_path.invalidate(dst_bucket, dst_key)
+
+    def rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None) -> None:
+        expanded = self.expand_path(path, recursive=recursive, maxdepth=maxdepth)
+        by_bucket: dict[str, list[str]] = defaultdict(list)
+        buckets: list[str] = []
+        for item in expanded:
+            bucket, key = self.split_path(item)
+            if key:
+                by_bucket[bucket].append(key)
+            elif recursive:
+                buckets.append(bucket)
+        for bucket, keys in by_bucket.items():
+            self._delete(bucket, keys)
+        for bucket in buckets:
+            self.store.delete_bucket(bucket)
+
+    def _rm(self, path: str) -> None:
+        bucket, key = self.split_path(path)
+        if key:
+            self._delete(bucket, [key])
+
+    def rm_file(self, path: str) -> None:
+        self._rm(path)
+
+    def _delete(self, bucket: str, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        self.store.delete(bucket, keys)
+        for key in keys:
+            self.read_path.invalidate(bucket, key)
+
+    def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
+        bucket, key = self.split_path(path)
+        if not key or create_parents:
+            try:
+                self.info(bucket)
+            except FileNotFoundError:
+                self.store.create_bucket(bucket)
+                return
+            if not key:
+                raise FileExistsError(17, "bucket exists", bucket)
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        _bucket, _key = self.split_path(path)
+        try:
+            self.mkdir(path, create_parents=True)
+        except FileExistsError:
+            if not exist_ok:
+                raise
+
+    def rmdir(self, path: str) -> None:
+        bucket, key = self.split_path(path)
+        if not key:
+            self.store.delete_bucket(bucket)
+
+    # -- the cache ---------------------------------------------------------------------------
+
+    def is_cached(self, path: str) -> bool:
+        """True if the object's bytes are in the local tier (not checked against the store)."""
+        return self.read_path.cached(*self.split_path(path)) is not None
+
+    def wait_fetches(self) -> None:
+        """Wait until the fetches started by this process have published their entries."""
+        self.read_path.wait_idle()
+
+    def evict(self, target_bytes: int | None = None, dry_run: bool = False) -> EvictionReport:
+        """Evict least-recently-used entries down to ``target_bytes`` (default: the budget)."""
+        target = self.config.local_max_bytes if target_bytes is None else target_bytes
+        report = self.tier.evict(target, dry_run=dry_run)
+        if not dry_run:
+            self._stats.add("evictions", len(report.removed))
+            self._stats.add("bytes_evicted", report.removed_bytes)
+        return report
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of this process: cache hits/misses/bytes, store requests, tier usage."""
+        return {
+            **self._stats.snapshot(),
+            "store_requests": self.store.request_counts(),
+            "local_usage_bytes": self.tier.usage(fresh=True),
+            "local_max_bytes": self.config.local_max_bytes,
+        }
+
+
+def _s3_store(config: TierCacheConfig, target_options: dict[str, Any]) -> S3Store:
+    return S3Store(
+        S3Options.from_storage_options(target_options),
+        retry=RetryPolicy(attempts=config.retries),
+        connect_timeout=config.connect_timeout,
+        read_timeout=config.read_timeout,
+        max_connections=max(16, 4 * config.fetch_concurrency),
+        part_size=config.part_size,
+        upload_concurrency=config.fetch_concurrency,
+    )
+
+
+def _file_dict(info: ObjectInfo, cached: bool) -> dict[str, Any]:
+    return {
+        "name": f"{info.bucket}/{info.key}",
+        "type": "file",
+        "size": info.size,
+        "ETag": info.etag,
+        "mtime": info.last_modified,
+        "cached": cached,
+    }
+
+
+def _entry_dict(entry: ListEntry) -> dict[str, Any]:
+    if entry.type == "directory":
+        return {"name": f"{entry.bucket}/{entry.key}", "type": "directory", "size": 0}
+    return {
+        "name": f"{entry.bucket}/{entry.key}",
+        "type": "file",
+        "size": entry.size,
+        "ETag": entry.etag,
+        "mtime": entry.last_modified,
+    }
+
+
+def _add_parent_dirs(found: dict[str, dict[str, Any]], root: str, name: str) -> None:
+    parent = name.rsplit("/", 1)[0]
+    while len(parent) > len(root) and parent not in found:
+        found[parent] = {"name": parent, "type": "directory", "size": 0}
+        parent = parent.rsplit("/", 1)[0]

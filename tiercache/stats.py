@@ -1,0 +1,56 @@
+"""``Stats``: the counters behind ``fs.stats()`` (hits, misses, bytes, fetches, evictions…)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+from tiercache import forksafe
+
+COUNTERS = (
+    "hits",
+    "misses",
+    "revalidations",
+    "invalidations",
+    "fetches",
+    "fetches_joined",
+    "fetches_joined_other_process",
+    "fetch_errors",
+    "bytes_fetched",
+    "bytes_read",
+    "bytes_written",
+    "uploads",
+    "evictions",
+    "bytes_evicted",
+)
+
+
+class Stats:
+    """Thread-safe counters of one process; a forked child starts from zero."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+        self._times: dict[str, float] = {}
+        forksafe.register(self)
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = Counter()
+        self._times = {}
+
+    def add(self, name: str, amount: int = 1) -> None:
+        with self._lock:
+            self._counts[name] += amount
+
+    def add_time(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self._times[name] = self._times.get(name, 0.0) + seconds
+
+    def snapshot(self) -> dict[str, float]:
+        """All counters (zeros included) and accumulated seconds, as a flat dict."""
+        with self._lock:
+            out: dict[str, float] = {name: self._counts.get(name, 0) for name in COUNTERS}
+            out.update(self._counts)
+            out.update(self._times)
+        return out

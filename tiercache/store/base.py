@@ -1,0 +1,112 @@
+"""The ``ObjectStore`` protocol: the one seam between tiercache and an object store."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What the store says about one object."""
+
+    bucket: str
+    key: str
+    size: int
+    etag: str
+    last_modified: float | None = None
+
+
+@dataclass(frozen=True)
+class ListEntry:
+    """One row of a listing: an object, or a common prefix shown as a directory."""
+
+    bucket: str
+    key: str
+    type: Literal["file", "directory"]
+    size: int = 0
+    etag: str | None = None
+    last_modified: float | None = None
+
+
+class ObjectStream(Protocol):
+    """The body of a (ranged) GET, read in chunks; ``info`` describes the whole object."""
+
+    info: ObjectInfo
+    start: int
+    end: int
+
+    def read(self, amount: int) -> bytes:
+        """Return up to ``amount`` bytes; ``b""`` at the end of the range."""
+        ...
+
+    def close(self) -> None:
+        """Release the connection."""
+        ...
+
+
+class ObjectStore(Protocol):
+    """Operations tiercache needs from an object store; every method is thread-safe.
+
+    Missing objects raise ``ObjectNotFoundError``, refusals ``AccessDeniedError``, errors that
+    survived the store's bounded retries ``StoreUnavailableError``. Streams raise
+    ``RetryableError`` for failures a caller may retry by reopening the range.
+    """
+
+    @property
+    def namespace(self) -> str:
+        """A string that identifies the store (scheme and endpoint), used in cache keys."""
+        ...
+
+    def head(self, bucket: str, key: str) -> ObjectInfo:
+        """Return the object's size and ETag."""
+        ...
+
+    def open_range(
+        self, bucket: str, key: str, start: int, end: int | None, if_match: str | None = None
+    ) -> ObjectStream:
+        """Open bytes ``[start, end)`` (``end=None``: to the end); ``if_match`` pins the ETag."""
+        ...
+
+    def put_bytes(
+        self, bucket: str, key: str, data: bytes, metadata: Mapping[str, str] | None = None
+    ) -> ObjectInfo:
+        """Store ``data`` as one object."""
+        ...
+
+    def upload_file(
+        self, bucket: str, key: str, path: str, metadata: Mapping[str, str] | None = None
+    ) -> ObjectInfo:
+        """Upload a local file, in parallel multipart parts when it is large."""
+        ...
+
+    def list_objects(
+        self, bucket: str, prefix: str, delimiter: str | None = "/"
+    ) -> Iterator[ListEntry]:
+        """List objects under ``prefix``; with a delimiter, common prefixes are directories."""
+        ...
+
+    def list_buckets(self) -> list[str]:
+        """Names of the buckets the credentials can see."""
+        ...
+
+    def delete(self, bucket: str, keys: Iterable[str]) -> None:
+        """Delete keys (missing keys are not an error)."""
+        ...
+
+    def copy(self, src_bucket: str, src_key: str, dst_bucket: str, dst_key: str) -> None:
+        """Server-side copy of one object."""
+        ...
+
+    def create_bucket(self, bucket: str) -> None:
+        """Create a bucket."""
+        ...
+
+    def delete_bucket(self, bucket: str) -> None:
+        """Delete an empty bucket."""
+        ...
+
+    def request_counts(self) -> dict[str, int]:
+        """Requests sent to the store by this process, by operation (``GetObject``…)."""
+        ...

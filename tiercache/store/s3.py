@@ -1,0 +1,386 @@
+"""``S3Store``: the ObjectStore over boto3, with one gateway that retries and maps errors."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import boto3
+import botocore.config
+import botocore.exceptions
+from botocore import UNSIGNED
+
+from tiercache import forksafe
+from tiercache.errors import AccessDeniedError, StoreError
+from tiercache.store.base import ListEntry, ObjectInfo
+from tiercache.store.retry import RetryableError, RetryPolicy
+from tiercache.store.s3_errors import translate_client_error, translate_transport_error
+from tiercache.store.s3_options import S3Options
+
+__all__ = ["S3Options", "S3Store", "S3Stream"]
+
+T = TypeVar("T")
+
+_STREAM_CHUNK = 1024 * 1024
+
+
+class S3Stream:
+    """Body of a ranged GetObject; transport errors surface as ``RetryableError``."""
+
+    def __init__(self, info: ObjectInfo, start: int, end: int, body: Any) -> None:
+        self.info = info
+        self.start = start
+        self.end = end
+        self._body = body
+
+    def read(self, amount: int) -> bytes:
+        try:
+            return bytes(self._body.read(amount))
+        except Exception as exc:
+            raise translate_transport_error(
+                exc, "reading", self.info.bucket, self.info.key
+            ) from exc
+
+    def close(self) -> None:
+        self._body.close()
+
+
+class S3Store:
+    """An ObjectStore on S3 (AWS, IBM COS, Ceph RGW, MinIO, SeaweedFS) through boto3.
+
+    boto3's own retries are off: every call goes through ``_call`` so that one policy decides,
+    including for errors in the middle of a streamed body. The client is rebuilt in a forked
+    child (boto3 clients must not cross ``fork``).
+    """
+
+    def __init__(
+        self,
+        options: S3Options | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 60.0,
+        max_connections: int = 32,
+        part_size: int = 16 * 1024 * 1024,
+        upload_concurrency: int = 4,
+    ) -> None:
+        self.options = options or S3Options()
+        self.retry = retry or RetryPolicy()
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self._max_connections = max_connections
+        self._part_size = part_size
+        self._upload_concurrency = upload_concurrency
+        self._client: Any = None
+        self._client_lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+        self._counts_lock = threading.Lock()
+        forksafe.register(self)
+
+    def after_fork(self) -> None:
+        self._client = None
+        self._client_lock = threading.Lock()
+        self._counts = Counter()
+        self._counts_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"S3Store(endpoint={self.namespace!r}, region={self.options.region!r})"
+
+    @property
+    def namespace(self) -> str:
+        return "s3:" + (self.options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or "aws")
+
+    # -- the gateway -------------------------------------------------------------------------
+
+    def client(self) -> Any:
+        """The boto3 client of this process, built on first use and after a fork."""
+        client = self._client
+        if client is None:
+            with self._client_lock:
+                if self._client is None:
+                    self._client = self._build_client()
+                client = self._client
+        return client
+
+    def _build_client(self) -> Any:
+        opts = self.options
+        session = boto3.session.Session(profile_name=opts.profile) if opts.profile else None
+        config = botocore.config.Config(
+            connect_timeout=self._connect_timeout,
+            read_timeout=self._read_timeout,
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            max_pool_connections=self._max_connections,
+            s3={"addressing_style": opts.addressing_style},
+            signature_version=UNSIGNED if opts.anon else None,
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        kwargs: dict[str, Any] = {"config": config}
+        if opts.endpoint_url:
+            kwargs["endpoint_url"] = opts.endpoint_url
+        if opts.region:
+            kwargs["region_name"] = opts.region
+        if opts.key is not None:
+            kwargs["aws_access_key_id"] = opts.key
+            kwargs["aws_secret_access_key"] = opts.secret
+            kwargs["aws_session_token"] = opts.token
+        if opts.verify is not None:
+            kwargs["verify"] = opts.verify
+        return (session or boto3).client("s3", **kwargs)
+
+    def _call(self, op: str, bucket: str, key: str, request: Callable[[Any], T]) -> T:
+        """Run one request under the retry policy, translating errors to tiercache's."""
+
+        def attempt() -> T:
+            with self._counts_lock:
+                self._counts[op] += 1
+            try:
+                return request(self.client())
+            except botocore.exceptions.ClientError as exc:
+                raise translate_client_error(exc, op, bucket, key) from None
+            except botocore.exceptions.NoCredentialsError:
+                raise AccessDeniedError(
+                    f"{op} s3://{bucket}/{key}: no credentials found; pass key/secret in the "
+                    "s3 options or set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE"
+                ) from None
+            except (RetryableError, StoreError):
+                raise
+            except Exception as exc:
+                raise translate_transport_error(exc, op, bucket, key) from exc
+
+        where = f"{op} s3://{bucket}/{key} at {self.namespace[3:]}"
+        return self.retry.run(attempt, where)
+
+    def request_counts(self) -> dict[str, int]:
+        with self._counts_lock:
+            return dict(self._counts)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def head(self, bucket: str, key: str) -> ObjectInfo:
+        resp = self._call(
+            "HeadObject", bucket, key, lambda c: c.head_object(Bucket=bucket, Key=key)
+        )
+        return _info(bucket, key, resp["ContentLength"], resp)
+
+    def open_range(
+        self, bucket: str, key: str, start: int, end: int | None, if_match: str | None = None
+    ) -> S3Stream:
+        def request(client: Any) -> Any:
+            args: dict[str, Any] = {"Bucket": bucket, "Key": key}
+            if end is None or end > start:
+                args["Range"] = f"bytes={start}-" + ("" if end is None else str(end - 1))
+            if if_match:
+                args["IfMatch"] = if_match
+            try:
+                return client.get_object(**args)
+            except botocore.exceptions.ClientError as exc:
+                code = exc.response.get("Error", {}).get("Code")
+                if code == "InvalidRange" and start == 0:  # an empty object has no byte 0
+                    args.pop("Range", None)
+                    return client.get_object(**args)
+                raise
+
+        resp = self._call("GetObject", bucket, key, request)
+        total = _total_size(resp)
+        info = _info(bucket, key, total, resp)
+        stop = total if end is None else min(end, total)
+        return S3Stream(info, start, stop, resp["Body"])
+
+    def list_objects(
+        self, bucket: str, prefix: str, delimiter: str | None = "/"
+    ) -> Iterator[ListEntry]:
+        token: str | None = None
+        while True:
+            args: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+            if delimiter:
+                args["Delimiter"] = delimiter
+            if token:
+                args["ContinuationToken"] = token
+            page: Any = self._call("ListObjectsV2", bucket, prefix, _lister(args))
+            for common in page.get("CommonPrefixes", []):
+                yield ListEntry(bucket, common["Prefix"].rstrip("/"), "directory")
+            for obj in page.get("Contents", []):
+                yield ListEntry(
+                    bucket,
+                    obj["Key"],
+                    "file",
+                    size=obj["Size"],
+                    etag=obj.get("ETag"),
+                    last_modified=obj["LastModified"].timestamp()
+                    if obj.get("LastModified")
+                    else None,
+                )
+            if not page.get("IsTruncated"):
+                return
+            token = page["NextContinuationToken"]
+
+    def list_buckets(self) -> list[str]:
+        resp = self._call("ListBuckets", "", "", lambda c: c.list_buckets())
+        return [b["Name"] for b in resp.get("Buckets", [])]
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def put_bytes(
+        self, bucket: str, key: str, data: bytes, metadata: Mapping[str, str] | None = None
+    ) -> ObjectInfo:
+        resp = self._call(
+            "PutObject",
+            bucket,
+            key,
+            lambda c: c.put_object(
+                Bucket=bucket, Key=key, Body=data, Metadata=dict(metadata or {})
+            ),
+        )
+        return _info(bucket, key, len(data), resp)
+
+    def upload_file(
+        self, bucket: str, key: str, path: str, metadata: Mapping[str, str] | None = None
+    ) -> ObjectInfo:
+        size = os.path.getsize(path)
+        if size <= self._part_size:
+            with open(path, "rb") as f:
+                return self.put_bytes(bucket, key, f.read(), metadata)
+        return self._multipart_upload(bucket, key, path, size, metadata or {})
+
+    def _multipart_upload(
+        self, bucket: str, key: str, path: str, size: int, metadata: Mapping[str, str]
+    ) -> ObjectInfo:
+        created = self._call(
+            "CreateMultipartUpload",
+            bucket,
+            key,
+            lambda c: c.create_multipart_upload(Bucket=bucket, Key=key, Metadata=dict(metadata)),
+        )
+        upload_id = created["UploadId"]
+        offsets = range(0, size, self._part_size)
+        try:
+            with ThreadPoolExecutor(self._upload_concurrency, "tiercache-upload") as pool:
+                parts = list(
+                    pool.map(
+                        lambda n_off: self._upload_part(bucket, key, upload_id, path, *n_off),
+                        enumerate(offsets, start=1),
+                    )
+                )
+            resp = self._call(
+                "CompleteMultipartUpload",
+                bucket,
+                key,
+                lambda c: c.complete_multipart_upload(
+                    Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+                ),
+            )
+        except BaseException:
+            self._abort_upload(bucket, key, upload_id)
+            raise
+        return _info(bucket, key, size, resp)
+
+    def _upload_part(
+        self, bucket: str, key: str, upload_id: str, path: str, number: int, offset: int
+    ) -> dict[str, Any]:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(self._part_size)
+        resp = self._call(
+            "UploadPart",
+            bucket,
+            key,
+            lambda c: c.upload_part(
+                Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data
+            ),
+        )
+        return {"PartNumber": number, "ETag": resp["ETag"]}
+
+    def _abort_upload(self, bucket: str, key: str, upload_id: str) -> None:
+        try:
+            self._call(
+                "AbortMultipartUpload",
+                bucket,
+                key,
+                lambda c: c.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id),
+            )
+        except StoreError:
+            pass  # the bucket's lifecycle rules reap what an abort could not
+
+    def delete(self, bucket: str, keys: Iterable[str]) -> None:
+        batch: list[str] = []
+        for key in keys:
+            batch.append(key)
+            if len(batch) == 1000:  # DeleteObjects takes at most 1000 keys
+                self._delete_batch(bucket, batch)
+                batch = []
+        if batch:
+            self._delete_batch(bucket, batch)
+
+    def _delete_batch(self, bucket: str, keys: list[str]) -> None:
+        if len(keys) == 1:
+            self._call(
+                "DeleteObject",
+                bucket,
+                keys[0],
+                lambda c: c.delete_object(Bucket=bucket, Key=keys[0]),
+            )
+            return
+        resp = self._call(
+            "DeleteObjects",
+            bucket,
+            keys[0],
+            lambda c: c.delete_objects(
+                Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True}
+            ),
+        )
+        errors = [e for e in resp.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+        if errors:
+            first = errors[0]
+            raise translate_client_error(
+                botocore.exceptions.ClientError({"Error": first}, "DeleteObjects"),
+                "DeleteObjects",
+                bucket,
+                first.get("Key", ""),
+            )
+
+    def copy(self, src_bucket: str, src_key: str, dst_bucket: str, dst_key: str) -> None:
+        self._call(
+            "CopyObject",
+            dst_bucket,
+            dst_key,
+            lambda c: c.copy(
+                {"Bucket": src_bucket, "Key": src_key},
+                dst_bucket,
+                dst_key,
+            ),
+        )
+
+    def create_bucket(self, bucket: str) -> None:
+        self._call("CreateBucket", bucket, "", lambda c: c.create_bucket(Bucket=bucket))
+
+    def delete_bucket(self, bucket: str) -> None:
+        self._call("DeleteBucket", bucket, "", lambda c: c.delete_bucket(Bucket=bucket))
+
+
+def _lister(args: dict[str, Any]) -> Callable[[Any], Any]:
+    return lambda client: client.list_objects_v2(**args)
+
+
+def _total_size(resp: Mapping[str, Any]) -> int:
+    content_range = resp.get("ContentRange")
+    if content_range and "/" in content_range:
+        total = content_range.rsplit("/", 1)[1]
+        if total != "*":
+            return int(total)
+    return int(resp["ContentLength"])
+
+
+def _info(bucket: str, key: str, size: int, resp: Mapping[str, Any]) -> ObjectInfo:
+    modified = resp.get("LastModified")
+    return ObjectInfo(
+        bucket=bucket,
+        key=key,
+        size=size,
+        etag=str(resp.get("ETag", "")),
+        last_modified=modified.timestamp() if modified is not None else None,
+    )

@@ -1,0 +1,97 @@
+"""The table that maps S3 error codes and transport failures to tiercache's exceptions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import botocore.exceptions
+
+from tiercache.errors import (
+    AccessDeniedError,
+    ObjectChangedError,
+    ObjectNotFoundError,
+    StoreError,
+    TierCacheError,
+)
+from tiercache.store.retry import RetryableError
+
+_NOT_FOUND = {"NoSuchKey", "NoSuchBucket", "404", "NotFound", "NoSuchUpload"}
+_DENIED = {
+    "AccessDenied",
+    "403",
+    "Forbidden",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "AllAccessDisabled",
+    "AccountProblem",
+    "InvalidToken",
+    "ExpiredToken",
+    "TokenRefreshRequired",
+}
+_CHANGED = {"PreconditionFailed", "412"}
+_RETRYABLE = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
+    "InternalError",
+    "ServiceUnavailable",
+    "503",
+    "500",
+    "502",
+    "504",
+    "RequestLimitExceeded",
+    "BandwidthLimitExceeded",
+    "OperationAborted",
+}
+
+# Transport failures (connection refused/reset, timeouts, truncated bodies) are retried.
+_TRANSPORT = (
+    botocore.exceptions.EndpointConnectionError,
+    botocore.exceptions.ConnectionClosedError,
+    botocore.exceptions.ReadTimeoutError,
+    botocore.exceptions.ConnectTimeoutError,
+    botocore.exceptions.IncompleteReadError,
+    botocore.exceptions.ResponseStreamingError,
+    botocore.exceptions.HTTPClientError,
+    ConnectionError,
+    TimeoutError,
+)
+
+
+def translate_client_error(
+    exc: botocore.exceptions.ClientError, op: str, bucket: str, key: str
+) -> Exception:
+    """Map an error response from S3 to a built-in-compatible tiercache exception."""
+    error: Any = exc.response.get("Error", {})
+    code = str(error.get("Code", ""))
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    where = f"s3://{bucket}/{key}" if key else f"s3://{bucket}"
+    message = str(error.get("Message") or code)
+    text = f"{op} {where}: {code}: {message}"
+    if code in _NOT_FOUND:
+        return ObjectNotFoundError(
+            2, f"{op}: no such {'bucket' if code == 'NoSuchBucket' else 'object'}", where
+        )
+    if code in _DENIED:
+        return AccessDeniedError(13, f"{op}: access denied ({code})", where)
+    if code in _CHANGED:
+        return ObjectChangedError(f"{op} {where}: the object changed while it was being read")
+    if code in _RETRYABLE or (isinstance(status, int) and status >= 500):
+        return RetryableError(text)
+    return StoreError(text)
+
+
+def translate_transport_error(exc: Exception, op: str, bucket: str, key: str) -> Exception:
+    """Classify a failure below HTTP: retry it when it is a connection or timeout problem."""
+    if isinstance(exc, (RetryableError, TierCacheError)):
+        return exc
+    if isinstance(exc, _TRANSPORT) or _is_urllib3_failure(exc):
+        return RetryableError(f"{op} s3://{bucket}/{key}: {type(exc).__name__}: {exc}")
+    return StoreError(f"{op} s3://{bucket}/{key}: {type(exc).__name__}: {exc}")
+
+
+def _is_urllib3_failure(exc: Exception) -> bool:
+    module = type(exc).__module__
+    return module.startswith("urllib3") or module.startswith("http.client")

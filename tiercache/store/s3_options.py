@@ -1,0 +1,121 @@
+"""Connection options of the S3 store, parsed from s3fs-style ``s3={...}`` storage options."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tiercache.errors import ConfigError
+
+AddressingStyle = Literal["auto", "path", "virtual"]
+
+# s3fs option names accepted for compatibility of chained URLs, mapped to ours.
+_ALIASES = {
+    "endpoint": "endpoint_url",
+    "aws_access_key_id": "key",
+    "aws_secret_access_key": "secret",
+    "aws_session_token": "token",
+    "region_name": "region",
+    "use_ssl": None,  # implied by the endpoint URL's scheme
+    "default_block_size": None,  # fsspec buffering knobs: tiercache has its own
+    "default_fill_cache": None,
+    "default_cache_type": None,
+    "skip_instance_cache": None,
+    "use_listings_cache": None,
+    "listings_expiry_time": None,
+    "asynchronous": None,
+    "loop": None,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class S3Options:
+    """Where the store is and how to authenticate; secrets never appear in ``repr``.
+
+    Unset values fall back to boto3's own chain (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
+    ``AWS_PROFILE``, ``~/.aws/config`` …).
+    """
+
+    endpoint_url: str | None = None
+    key: str | None = dataclasses.field(default=None, repr=False)
+    secret: str | None = dataclasses.field(default=None, repr=False)
+    token: str | None = dataclasses.field(default=None, repr=False)
+    profile: str | None = None
+    region: str | None = None
+    addressing_style: AddressingStyle = "auto"
+    anon: bool = False
+    verify: bool | str | None = None
+
+    def __post_init__(self) -> None:
+        if self.endpoint_url is not None and not (
+            isinstance(self.endpoint_url, str)
+            and self.endpoint_url.startswith(("http://", "https://"))
+        ):
+            raise ConfigError(
+                f"s3 endpoint_url must start with http:// or https://, got {self.endpoint_url!r}"
+            )
+        if self.addressing_style not in ("auto", "path", "virtual"):
+            raise ConfigError(
+                f"s3 addressing_style must be auto, path or virtual, got {self.addressing_style!r}"
+            )
+        if (self.key is None) != (self.secret is None):
+            raise ConfigError("s3 key and secret must be given together")
+
+    @classmethod
+    def from_storage_options(cls, options: Mapping[str, Any]) -> S3Options:
+        """Accept s3fs's names (``key``, ``secret``, ``client_kwargs``, ``config_kwargs``)."""
+        flat: dict[str, Any] = {}
+        for name, value in options.items():
+            if name == "client_kwargs":
+                flat.update(_from_client_kwargs(value))
+            elif name == "config_kwargs":
+                flat.update(_from_config_kwargs(value))
+            elif name in _ALIASES:
+                if _ALIASES[name] is not None:
+                    flat[str(_ALIASES[name])] = value
+            else:
+                flat[name] = value
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(flat) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown s3 option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        return cls(**flat)
+
+
+def _from_client_kwargs(value: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError("s3 client_kwargs must be a mapping")
+    out: dict[str, Any] = {}
+    for name, item in value.items():
+        target = {
+            "endpoint_url": "endpoint_url",
+            "region_name": "region",
+            "aws_access_key_id": "key",
+            "aws_secret_access_key": "secret",
+            "aws_session_token": "token",
+            "verify": "verify",
+        }.get(name)
+        if target is None:
+            raise ConfigError(f"unsupported s3 client_kwargs entry: {name}")
+        out[target] = item
+    return out
+
+
+def _from_config_kwargs(value: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError("s3 config_kwargs must be a mapping")
+    out: dict[str, Any] = {}
+    for name, item in value.items():
+        if name == "s3" and isinstance(item, Mapping) and set(item) <= {"addressing_style"}:
+            if "addressing_style" in item:
+                out["addressing_style"] = item["addressing_style"]
+        else:
+            raise ConfigError(
+                f"unsupported s3 config_kwargs entry: {name} (timeouts and retries are "
+                "tiercache options: connect_timeout, read_timeout, retries)"
+            )
+    return out

@@ -1,0 +1,101 @@
+"""Per-entry metadata of a tier: a small JSON file beside the data, replaced atomically."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+from dataclasses import dataclass
+from typing import Any, Literal
+
+META_VERSION = 1
+
+
+@dataclass(frozen=True)
+class EntryPaths:
+    """The files of one entry; every name is derived from a hash, never from the key."""
+
+    data: str
+    meta: str
+    lock: str
+    part: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class EntryMeta:
+    """What a tier knows of one cached object."""
+
+    source: str
+    namespace: str
+    size: int
+    etag: str
+    digest: str
+    fetched_at: float
+    validated_at: float
+    last_modified: float | None = None
+    state: Literal["clean", "dirty"] = "clean"
+    version: int = META_VERSION
+
+    def to_json(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> EntryMeta | None:
+        """Parse metadata; anything truncated, garbled or from another version gives ``None``."""
+        try:
+            fields: dict[str, Any] = json.loads(raw)
+            meta = cls(**fields)
+        except (ValueError, TypeError):
+            return None
+        valid = (
+            meta.version == META_VERSION
+            and isinstance(meta.source, str)
+            and isinstance(meta.size, int)
+            and meta.size >= 0
+            and isinstance(meta.etag, str)
+            and isinstance(meta.digest, str)
+            and meta.state in ("clean", "dirty")
+        )
+        return meta if valid else None
+
+
+@dataclass(frozen=True)
+class CachedEntry:
+    """A published entry found in a tier."""
+
+    entry_id: str
+    paths: EntryPaths
+    meta: EntryMeta
+
+
+def write_atomically(path: str, payload: bytes, mode: int, durable: bool = True) -> None:
+    """Write ``payload`` to ``path`` through a temp file and a rename: readers see old or new."""
+    tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        os.write(fd, payload)
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.rename(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def read_meta(path: str) -> EntryMeta | None:
+    """Read an entry's metadata; a missing or unreadable file is a miss, not an error."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        raw = os.read(fd, 1 << 20)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return EntryMeta.from_json(raw)

@@ -1,0 +1,280 @@
+"""``LocalTier``: a directory with a byte budget holding published entries, evicted by LRU.
+
+On-disk layout (all names derived from a SHA-256 of store namespace and source URL, so any S3
+key is storable and nothing can land outside the root)::
+
+    ROOT/objects/ab/<64 hex>.data   the object's bytes
+    ROOT/objects/ab/<64 hex>.meta   EntryMeta JSON; its mtime is the entry's last access
+    ROOT/objects/ab/<64 hex>.lock   flock: held by whoever fetches, publishes or evicts it
+    ROOT/objects/ab/<64 hex>.part   bytes of a fetch in progress
+    ROOT/staging/                   files being written before they are uploaded
+
+An entry is published when both data and meta exist and agree on the size. Readers hold a
+shared ``flock`` on the data file while it is open, so eviction skips it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+
+from tiercache import forksafe
+from tiercache.tiers.entry import CachedEntry, EntryMeta, EntryPaths, read_meta, write_atomically
+from tiercache.tiers.locks import is_shared_locked, lock, try_lock, unlock
+
+_SCAN_REUSE_SECONDS = 1.0
+
+
+@dataclass
+class EvictionReport:
+    """What an eviction pass removed and what it had to keep."""
+
+    removed: list[str] = field(default_factory=list)
+    removed_bytes: int = 0
+    kept_busy: int = 0
+    usage_after: int = 0
+
+
+@dataclass(frozen=True)
+class _ScanRow:
+    entry_id: str
+    size: int
+    last_access: float
+
+
+class LocalTier:
+    """A cache tier on a node-local directory."""
+
+    def __init__(self, root: str, max_bytes: int, file_mode: int = 0o600, dir_mode: int = 0o700):
+        self.max_bytes = max_bytes
+        self.file_mode = file_mode
+        self.dir_mode = dir_mode
+        os.makedirs(root, mode=dir_mode, exist_ok=True)
+        self.root = os.path.realpath(root)
+        self.objects_dir = os.path.join(self.root, "objects")
+        self.staging_dir = os.path.join(self.root, "staging")
+        for path in (self.objects_dir, self.staging_dir):
+            os.makedirs(path, mode=dir_mode, exist_ok=True)
+            _require_real_dir(path, self.root)
+        self._shards_ready: set[str] = set()
+        self._lock = threading.Lock()
+        self._scan_cache: tuple[float, int] | None = None
+        self._reserved = 0
+        forksafe.register(self)
+
+    def after_fork(self) -> None:
+        """Reservations belong to the parent's fetches; a child starts with none."""
+        self._lock = threading.Lock()
+        self._reserved = 0
+
+    def __repr__(self) -> str:
+        return f"LocalTier(root={self.root!r}, max_bytes={self.max_bytes})"
+
+    # -- naming ------------------------------------------------------------------------------
+
+    @staticmethod
+    def entry_id(namespace: str, source: str) -> str:
+        """The hash that names an entry's files."""
+        return hashlib.sha256(f"{namespace}\0{source}".encode("utf-8", "surrogatepass")).hexdigest()
+
+    def paths(self, entry_id: str) -> EntryPaths:
+        if len(entry_id) != 64 or not all(c in "0123456789abcdef" for c in entry_id):
+            raise ValueError(f"not an entry id: {entry_id!r}")
+        shard = os.path.join(self.objects_dir, entry_id[:2])
+        if shard not in self._shards_ready:
+            os.makedirs(shard, mode=self.dir_mode, exist_ok=True)
+            _require_real_dir(shard, self.root)
+            self._shards_ready.add(shard)
+        base = os.path.join(shard, entry_id)
+        return EntryPaths(base + ".data", base + ".meta", base + ".lock", base + ".part")
+
+    # -- lookups -----------------------------------------------------------------------------
+
+    def lookup(self, entry_id: str, namespace: str, source: str) -> CachedEntry | None:
+        """Return the published entry for ``source``, or None (missing, torn or foreign)."""
+        paths = self.paths(entry_id)
+        meta = read_meta(paths.meta)
+        if meta is None or meta.source != source or meta.namespace != namespace:
+            return None
+        return CachedEntry(entry_id, paths, meta)
+
+    def open_data(self, entry: CachedEntry) -> int:
+        """Open an entry's data for reading, holding a shared lock that keeps it from eviction.
+
+        Raises FileNotFoundError when the entry vanished or its size disagrees with its meta.
+        """
+        fd = os.open(entry.paths.data, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            if os.fstat(fd).st_size != entry.meta.size:
+                raise FileNotFoundError(2, "cache entry is torn", entry.paths.data)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def touch(self, entry: CachedEntry) -> None:
+        """Record an access (the meta file's mtime is the LRU clock)."""
+        try:
+            os.utime(entry.paths.meta, follow_symlinks=False)
+        except OSError:
+            pass  # evicted meanwhile: nothing to record
+
+    def replace_meta(self, entry: CachedEntry, meta: EntryMeta) -> CachedEntry:
+        """Rewrite an entry's metadata (after a revalidation)."""
+        write_atomically(entry.paths.meta, meta.to_json(), self.file_mode, durable=False)
+        return CachedEntry(entry.entry_id, entry.paths, meta)
+
+    # -- fetch and publish -------------------------------------------------------------------
+
+    @contextmanager
+    def entry_lock(self, entry_id: str, timeout: float) -> Iterator[EntryPaths]:
+        """Hold the entry's inter-process lock (fetch, publish, invalidate, evict)."""
+        paths = self.paths(entry_id)
+        fd = lock(paths.lock, self.file_mode, timeout, "fetching the same object")
+        try:
+            yield paths
+        finally:
+            unlock(fd)
+
+    def create_part(self, paths: EntryPaths) -> int:
+        """Open (truncating any leftover of a dead fetcher) the part file; hold the entry lock."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        return os.open(paths.part, flags, self.file_mode)
+
+    def publish(
+        self, paths: EntryPaths, fd: int, meta: EntryMeta, src: str | None = None
+    ) -> CachedEntry:
+        """Make the part file (or the staged file ``src``) the entry's data; hold the entry lock.
+
+        The data is fsynced before the rename and the meta written last, so a crash at any
+        point leaves either the old entry, no entry, or the complete new one.
+        """
+        os.fsync(fd)
+        _remove(paths.meta)
+        os.rename(src or paths.part, paths.data)
+        write_atomically(paths.meta, meta.to_json(), self.file_mode)
+        with self._lock:
+            if self._scan_cache is not None:
+                stamp, usage = self._scan_cache
+                self._scan_cache = (stamp, usage + meta.size)
+        return CachedEntry(os.path.basename(paths.data)[:64], paths, meta)
+
+    def staging_path(self, entry_id: str) -> str:
+        """A fresh path in the staging area, on the tier's filesystem (renames are atomic)."""
+        return os.path.join(self.staging_dir, f"{entry_id}.{os.getpid()}.{time.monotonic_ns()}")
+
+    def invalidate(self, entry_id: str, timeout: float) -> None:
+        """Drop an entry (its object changed or was deleted)."""
+        with self.entry_lock(entry_id, timeout) as paths:
+            _remove(paths.meta)
+            _remove(paths.data)
+
+    # -- space -------------------------------------------------------------------------------
+
+    def usage(self, fresh: bool = False) -> int:
+        """Bytes held by the tier's entries and fetches in progress."""
+        with self._lock:
+            cached = self._scan_cache
+        if not fresh and cached is not None and time.monotonic() - cached[0] < _SCAN_REUSE_SECONDS:
+            return cached[1]
+        total = sum(row.size for row in self._scan())
+        with self._lock:
+            self._scan_cache = (time.monotonic(), total)
+        return total
+
+    def reserve(self, nbytes: int) -> None:
+        """Make room for ``nbytes`` about to be fetched; count them until ``release``."""
+        with self._lock:
+            self._reserved += nbytes
+            reserved = self._reserved
+        if self.usage() + reserved > self.max_bytes:
+            self.evict(self.max_bytes - reserved)
+
+    def release(self, nbytes: int) -> None:
+        """The reserved bytes are now published (and counted by ``usage``) or abandoned."""
+        with self._lock:
+            self._reserved -= nbytes
+
+    def evict(self, target_bytes: int, dry_run: bool = False) -> EvictionReport:
+        """Remove least-recently-used clean entries until usage is at most ``target_bytes``.
+
+        Entries that are open (a reader's shared lock), being fetched or published (the entry
+        lock) or dirty are kept.
+        """
+        rows = sorted(self._scan(), key=lambda r: r.last_access)
+        usage = sum(r.size for r in rows)
+        report = EvictionReport()
+        for row in rows:
+            if usage <= target_bytes:
+                break
+            if self._evict_one(row, dry_run):
+                usage -= row.size
+                report.removed.append(row.entry_id)
+                report.removed_bytes += row.size
+            else:
+                report.kept_busy += 1
+        report.usage_after = usage
+        with self._lock:
+            self._scan_cache = (time.monotonic(), usage)
+        return report
+
+    def _evict_one(self, row: _ScanRow, dry_run: bool) -> bool:
+        paths = self.paths(row.entry_id)
+        fd = try_lock(paths.lock, self.file_mode)
+        if fd is None:
+            return False
+        try:
+            meta = read_meta(paths.meta)
+            if (meta is not None and meta.state == "dirty") or is_shared_locked(paths.data):
+                return False
+            if not dry_run:
+                _remove(paths.meta)
+                _remove(paths.data)
+                _remove(paths.part)
+                _remove(paths.lock)  # waiters on the old inode notice and retry (try_lock)
+            return True
+        finally:
+            unlock(fd)
+
+    def _scan(self) -> list[_ScanRow]:
+        """One row per entry: data bytes (plus any part file) and last access."""
+        rows: dict[str, list[float]] = {}
+        try:
+            shards = list(os.scandir(self.objects_dir))
+        except FileNotFoundError:
+            return []
+        for shard in shards:
+            if not shard.is_dir(follow_symlinks=False):
+                continue
+            for item in os.scandir(shard.path):
+                name, _, suffix = item.name.partition(".")
+                if suffix not in ("data", "meta", "part"):
+                    continue
+                try:
+                    st = item.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                row = rows.setdefault(name, [0.0, 0.0])
+                if suffix == "meta":
+                    row[1] = st.st_mtime
+                else:
+                    row[0] += st.st_size
+        return [_ScanRow(k, int(v[0]), v[1]) for k, v in rows.items() if len(k) == 64]
+
+
+def _remove(path: str) -> None:
+    with suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _require_real_dir(path: str, root: str) -> None:
+    """Refuse a tier directory that is a symlink or resolves outside the tier root."""
+    if os.path.islink(path) or not (os.path.realpath(path) + os.sep).startswith(root + os.sep):
+        raise PermissionError(13, "tier directory is a symlink or escapes the tier root", path)
