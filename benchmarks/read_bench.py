@@ -1,0 +1,563 @@
+"""Sequential-read benchmark: tiercache cold/warm vs local files, boto3 and fsspec simplecache."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import boto3
+import botocore.config
+import fsspec
+import xxhash
+from boto3.s3.transfer import TransferConfig
+
+MiB = 1024 * 1024
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_JSON = REPO / "benchmarks" / "results" / "read_bench.json"
+PUBLISH_TIMEOUT_S = 120.0
+
+NOTES = (
+    "Every shard is read sequentially in --chunk-mib chunks; the timer covers open + reads + "
+    "close of each shard, verification (xxh3_128 of every byte) runs after the timer stops.",
+    "The page cache is NOT dropped: local_raw reads page-cache-warm files, as tiercache_warm "
+    "reads a page-cache-warm tier. local_raw is the ceiling for a warm cache hit.",
+    "Before any timed pass every object is read once from S3 (untimed), so all S3 modes see the "
+    "same warm server state.",
+    "boto3_transfer_manager = client.download_fileobj into an io.BytesIO, default "
+    "TransferConfig; the buffer is then verified (no chunked read of it is timed).",
+    "boto3 baseline clients use request/response_checksum_calculation/validation="
+    "'when_required', as tiercache's own client does, so neither side pays CRC checks.",
+    "Cold modes use a fresh, empty cache directory per repeat; tiercache_warm is the second "
+    "pass over the tiercache_cold filesystem, after every entry was published.",
+    "Reported value per mode = median seconds over --repeat samples.",
+    "cpu_s = CPU seconds of this process (all threads, fetch threads included) and srv_cpu_s = "
+    "CPU seconds of the S3 server it started, both summed over the timed sections.",
+)
+
+
+class VerifyError(Exception):
+    """A mode returned bytes that differ from what was uploaded."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the S3 server is and how to sign requests to it."""
+
+    url: str
+    key: str
+    secret: str
+    region: str
+    server_pid: int | None = None  # set when this script started the server
+
+    @property
+    def started_here(self) -> bool:
+        return self.server_pid is not None
+
+    def s3_options(self) -> dict[str, Any]:
+        """s3fs-style storage options, understood by both s3fs and tiercache."""
+        return {
+            "endpoint_url": self.url,
+            "key": self.key,
+            "secret": self.secret,
+            "client_kwargs": {"region_name": self.region},
+        }
+
+
+@dataclass(frozen=True)
+class Shard:
+    key: str
+    path: str
+    size: int
+    digest: str
+
+
+@dataclass
+class Dataset:
+    bucket: str
+    shards: list[Shard]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.size for s in self.shards)
+
+
+@dataclass
+class Context:
+    """Everything a timed pass needs."""
+
+    args: argparse.Namespace
+    endpoint: Endpoint
+    client: Any
+    dataset: Dataset
+    tmp: Path
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    cpu: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def chunk(self) -> int:
+        return int(self.args.chunk_mib * MiB)
+
+    def fresh_dir(self, label: str) -> Path:
+        return Path(tempfile.mkdtemp(prefix=f"{label}-", dir=self.tmp))
+
+
+Reader = Callable[[Shard], list[Any]]
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--shards", type=int, default=16, help="number of objects (default 16)")
+    p.add_argument("--shard-mib", type=float, default=64, help="object size in MiB (default 64)")
+    p.add_argument("--chunk-mib", type=float, default=8, help="read size in MiB (default 8)")
+    p.add_argument("--repeat", type=int, default=1, help="samples per mode; median is reported")
+    p.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write the results")
+    p.add_argument("--endpoint", help="use this S3 server (credentials from AWS_* env vars)")
+    p.add_argument(
+        "--concurrency",
+        default="1,8",
+        help="extra tiercache_cold_cN modes with fetch_concurrency=N ('' for none)",
+    )
+    p.add_argument("--quick", action="store_true", help="4 shards x 16 MiB smoke run")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.shards, args.shard_mib = 4, 16
+    args.concurrency = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
+    if args.shards < 1 or args.shard_mib <= 0 or args.chunk_mib <= 0 or args.repeat < 1:
+        p.error("--shards, --shard-mib, --chunk-mib and --repeat must be positive")
+    return args
+
+
+# -- server, client, dataset -------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def s3_endpoint(args: argparse.Namespace, tmp: Path) -> Iterator[Endpoint]:
+    """The --endpoint server, or a SeaweedFS started here (and stopped on exit)."""
+    if args.endpoint:
+        yield Endpoint(
+            args.endpoint,
+            os.environ.get("AWS_ACCESS_KEY_ID", ""),
+            os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
+            os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+        )
+        return
+    sys.path.insert(0, str(REPO / "scripts"))
+    import s3server
+
+    data_dir = tmp / "s3server"
+    data_dir.mkdir()
+    with s3server.start_server(data_dir=str(data_dir)) as srv:
+        yield Endpoint(srv.endpoint, srv.access_key, srv.secret_key, srv.region, srv.pid)
+
+
+def make_client(endpoint: Endpoint, pool: int = 16) -> Any:
+    config = botocore.config.Config(
+        max_pool_connections=pool,
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint.url,
+        aws_access_key_id=endpoint.key,
+        aws_secret_access_key=endpoint.secret,
+        region_name=endpoint.region,
+        config=config,
+    )
+
+
+def build_dataset(client: Any, args: argparse.Namespace, tmp: Path) -> Dataset:
+    """Upload N random shards and keep a local copy and an xxh3_128 digest of each."""
+    bucket = f"tiercache-bench-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(Bucket=bucket)
+    local = tmp / "local"
+    local.mkdir()
+    size = int(args.shard_mib * MiB)
+
+    def make(i: int) -> Shard:
+        data = os.urandom(size)
+        key = f"shards/shard-{i:05d}.bin"
+        path = local / f"shard-{i:05d}.bin"
+        path.write_bytes(data)
+        client.put_object(Bucket=bucket, Key=key, Body=data)
+        return Shard(key, str(path), size, xxhash.xxh3_128_hexdigest(data))
+
+    with ThreadPoolExecutor(4) as pool:
+        shards = list(pool.map(make, range(args.shards)))
+    return Dataset(bucket, shards)
+
+
+def delete_dataset(client: Any, dataset: Dataset) -> None:
+    keys = [{"Key": s.key} for s in dataset.shards]
+    for start in range(0, len(keys), 1000):
+        client.delete_objects(Bucket=dataset.bucket, Delete={"Objects": keys[start : start + 1000]})
+    client.delete_bucket(Bucket=dataset.bucket)
+
+
+def warm_up_s3(ctx: Context) -> None:
+    """Read every object once (untimed) so that all S3 modes see the same server state."""
+    for shard in ctx.dataset.shards:
+        body = ctx.client.get_object(Bucket=ctx.dataset.bucket, Key=shard.key)["Body"]
+        while body.read(ctx.chunk):
+            pass
+        body.close()
+    # Instantiate (and connect) the s3fs filesystem that simplecache reuses from fsspec's cache.
+    fsspec.filesystem("s3", **ctx.endpoint.s3_options()).ls(ctx.dataset.bucket)
+
+
+# -- readers (one per mode) --------------------------------------------------------------------
+
+
+def drain(f: Any, chunk: int) -> list[Any]:
+    chunks = []
+    while data := f.read(chunk):
+        chunks.append(data)
+    return chunks
+
+
+def local_reader(ctx: Context) -> Reader:
+    def read(shard: Shard) -> list[Any]:
+        with open(shard.path, "rb") as f:
+            return drain(f, ctx.chunk)
+
+    return read
+
+
+def get_object_reader(ctx: Context) -> Reader:
+    def read(shard: Shard) -> list[Any]:
+        body = ctx.client.get_object(Bucket=ctx.dataset.bucket, Key=shard.key)["Body"]
+        try:
+            return drain(body, ctx.chunk)
+        finally:
+            body.close()
+
+    return read
+
+
+def transfer_manager_reader(ctx: Context) -> Reader:
+    def read(shard: Shard) -> list[Any]:
+        buf = io.BytesIO()
+        ctx.client.download_fileobj(ctx.dataset.bucket, shard.key, buf, Config=TransferConfig())
+        return [buf.getbuffer()]
+
+    return read
+
+
+def simplecache_reader(ctx: Context, cache_dir: Path) -> Reader:
+    def read(shard: Shard) -> list[Any]:
+        url = f"simplecache::s3://{ctx.dataset.bucket}/{shard.key}"
+        opts = {"s3": ctx.endpoint.s3_options(), "simplecache": {"cache_storage": str(cache_dir)}}
+        with fsspec.open(url, "rb", **opts) as f:
+            return drain(f, ctx.chunk)
+
+    return read
+
+
+def tiercache_reader(ctx: Context, fs: Any) -> Reader:
+    def read(shard: Shard) -> list[Any]:
+        with fs.open(f"{ctx.dataset.bucket}/{shard.key}", "rb") as f:
+            return drain(f, ctx.chunk)
+
+    return read
+
+
+# -- timing and verification -------------------------------------------------------------------
+
+
+def verify(mode: str, shard: Shard, chunks: list[Any]) -> None:
+    hasher = xxhash.xxh3_128()
+    count = 0
+    for chunk in chunks:
+        hasher.update(chunk)
+        count += memoryview(chunk).nbytes
+    if count != shard.size:
+        raise VerifyError(f"{mode}: {shard.key}: read {count} bytes, expected {shard.size}")
+    if hasher.hexdigest() != shard.digest:
+        raise VerifyError(f"{mode}: {shard.key}: digest mismatch, the bytes read are wrong")
+
+
+def server_cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of the S3 server process (0 when it runs elsewhere)."""
+    if pid is None:
+        return 0.0
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed_pass(ctx: Context, mode: str, reader: Reader) -> float:
+    """Read every shard; return the summed per-shard seconds (verification excluded).
+
+    Also sums the CPU seconds of this process (all threads) and of the S3 server over the same
+    timed sections.
+    """
+    total = client_cpu = server_cpu = 0.0
+    pid = ctx.endpoint.server_pid
+    for shard in ctx.dataset.shards:
+        cpu0, srv0 = time.process_time(), server_cpu_seconds(pid)
+        start = time.perf_counter()
+        chunks = reader(shard)
+        total += time.perf_counter() - start
+        client_cpu += time.process_time() - cpu0
+        server_cpu += server_cpu_seconds(pid) - srv0
+        verify(mode, shard, chunks)
+        del chunks
+    ctx.samples.setdefault(mode, []).append(total)
+    ctx.cpu.setdefault(mode, []).append((client_cpu, server_cpu))
+    return total
+
+
+# -- tiercache ---------------------------------------------------------------------------------
+
+
+def make_tiercache_fs(ctx: Context, local_dir: Path, concurrency: int | None) -> Any:
+    options: dict[str, Any] = {
+        "local_dir": str(local_dir),
+        "consistency": "immutable",
+        "local_max_bytes": 2 * ctx.dataset.total_bytes + 64 * MiB,
+    }
+    if concurrency is not None:
+        options["fetch_concurrency"] = concurrency
+    fs = fsspec.filesystem(
+        "tiercache",
+        target_options=ctx.endpoint.s3_options(),
+        skip_instance_cache=True,
+        **options,
+    )
+    client = getattr(fs.store, "client", None)
+    if callable(client):
+        client()  # build the boto3 client outside the timer, as the baselines do
+    return fs
+
+
+def wait_published(ctx: Context, fs: Any) -> float:
+    """Seconds until every shard is published in the tier (fetch threads finish after reads)."""
+    start = time.perf_counter()
+    paths = [f"{ctx.dataset.bucket}/{s.key}" for s in ctx.dataset.shards]
+    while not all(fs.is_cached(p) for p in paths):
+        if time.perf_counter() - start > PUBLISH_TIMEOUT_S:
+            raise RuntimeError("tiercache did not publish every shard within the timeout")
+        time.sleep(0.005)
+    return time.perf_counter() - start
+
+
+def tiercache_cold(ctx: Context, mode: str, concurrency: int | None) -> tuple[Any, Path]:
+    """A cold pass on a fresh tier; returns the filesystem (now warm) and its directory."""
+    local_dir = ctx.fresh_dir(mode)
+    fs = make_tiercache_fs(ctx, local_dir, concurrency)
+    timed_pass(ctx, mode, tiercache_reader(ctx, fs))
+    lag = wait_published(ctx, fs)
+    ctx.extras.setdefault("publish_lag_s", {}).setdefault(mode, []).append(round(lag, 4))
+    ctx.extras.setdefault("stats_after_cold", {})[mode] = fs.stats()
+    return fs, local_dir
+
+
+def check_chained_url(ctx: Context) -> dict[str, Any]:
+    """Untimed: read one shard through ``tiercache::s3://`` and verify it."""
+    shard = ctx.dataset.shards[0]
+    opened = fsspec.open(
+        f"tiercache::s3://{ctx.dataset.bucket}/{shard.key}",
+        "rb",
+        s3=ctx.endpoint.s3_options(),
+        tiercache={"local_dir": str(ctx.fresh_dir("chained")), "consistency": "immutable"},
+    )
+    with opened as f:
+        verify("chained_url", shard, drain(f, ctx.chunk))
+    fs_class = type(opened.fs).__name__
+    if fs_class != "TierCacheFileSystem":
+        raise VerifyError(f"chained_url: opened through {fs_class}, not TierCacheFileSystem")
+    return {"url": f"tiercache::s3://{ctx.dataset.bucket}/{shard.key}", "fs": fs_class, "ok": True}
+
+
+# -- one repeat of every mode ------------------------------------------------------------------
+
+
+def run_repeat(ctx: Context) -> None:
+    timed_pass(ctx, "local_raw", local_reader(ctx))
+    timed_pass(ctx, "boto3_get_object", get_object_reader(ctx))
+    timed_pass(ctx, "boto3_transfer_manager", transfer_manager_reader(ctx))
+    cache_dir = ctx.fresh_dir("simplecache")
+    timed_pass(ctx, "fsspec_simplecache_cold", simplecache_reader(ctx, cache_dir))
+    shutil.rmtree(cache_dir)
+    for n in ctx.args.concurrency:
+        _fs, tier_dir = tiercache_cold(ctx, f"tiercache_cold_c{n}", n)
+        shutil.rmtree(tier_dir)
+    fs, tier_dir = tiercache_cold(ctx, "tiercache_cold", None)
+    timed_pass(ctx, "tiercache_warm", tiercache_reader(ctx, fs))
+    ctx.extras["stats_after_warm"] = fs.stats()
+    shutil.rmtree(tier_dir)
+
+
+# -- results -----------------------------------------------------------------------------------
+
+RATIOS: tuple[tuple[str, str, tuple[str, ...], float | None], ...] = (
+    ("tiercache_warm / local_raw", "tiercache_warm", ("local_raw",), 0.9),
+    (
+        "tiercache_cold / fsspec_simplecache_cold",
+        "tiercache_cold",
+        ("fsspec_simplecache_cold",),
+        2.0,
+    ),
+    (
+        "tiercache_cold / max(boto3_get_object, boto3_transfer_manager)",
+        "tiercache_cold",
+        ("boto3_get_object", "boto3_transfer_manager"),
+        0.9,
+    ),
+    ("tiercache_cold / boto3_get_object", "tiercache_cold", ("boto3_get_object",), None),
+    (
+        "tiercache_cold / boto3_transfer_manager",
+        "tiercache_cold",
+        ("boto3_transfer_manager",),
+        None,
+    ),
+)
+
+
+def summarize(ctx: Context) -> dict[str, dict[str, Any]]:
+    total = ctx.dataset.total_bytes
+    modes = {}
+    for mode, samples in ctx.samples.items():
+        seconds = statistics.median(samples)
+        cpu = ctx.cpu[mode]
+        modes[mode] = {
+            "bytes": total,
+            "seconds": round(seconds, 4),
+            "mib_s": round(total / MiB / seconds, 1),
+            "samples_s": [round(s, 4) for s in samples],
+            "client_cpu_s": round(statistics.median(c for c, _ in cpu), 3),
+            "server_cpu_s": round(statistics.median(s for _, s in cpu), 3),
+        }
+    return modes
+
+
+def ratios(modes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for name, numerator, denominators, target in RATIOS:
+        value = modes[numerator]["mib_s"] / max(modes[d]["mib_s"] for d in denominators)
+        row: dict[str, Any] = {"name": name, "value": round(value, 3), "target": target}
+        if target is not None:
+            row["result"] = "PASS" if value >= target else "MISS"
+        rows.append(row)
+    return rows
+
+
+def machine_info(endpoint: Endpoint) -> dict[str, Any]:
+    def pkg(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {n: pkg(n) for n in ("tiercache", "boto3", "botocore", "fsspec", "s3fs")},
+        "s3_server": "SeaweedFS started by scripts/s3server.py"
+        if endpoint.started_here
+        else endpoint.url,
+    }
+
+
+def print_report(result: dict[str, Any]) -> None:
+    params = result["params"]
+    print(
+        f"\ntiercache read benchmark: {params['shards']} shards x {params['shard_mib']:g} MiB, "
+        f"{params['chunk_mib']:g} MiB reads, median of {params['repeat']} repeat(s)\n"
+    )
+    print(f"{'mode':<26} {'MiB':>7} {'seconds':>8} {'MiB/s':>8} {'cpu_s':>6} {'srv_cpu_s':>9}")
+    for mode, row in result["modes"].items():
+        print(
+            f"{mode:<26} {row['bytes'] / MiB:>7.0f} {row['seconds']:>8.3f} {row['mib_s']:>8.1f} "
+            f"{row['client_cpu_s']:>6.2f} {row['server_cpu_s']:>9.2f}"
+        )
+    print(f"\n{'ratio':<64} {'value':>6} {'target':>7}  result")
+    for row in result["ratios"]:
+        target = f">={row['target']:g}" if row["target"] is not None else ""
+        print(f"{row['name']:<64} {row['value']:>6.2f} {target:>7}  {row.get('result', '')}")
+    print("\nnotes:")
+    for note in result["notes"]:
+        print(f"  - {note}")
+
+
+def write_json(path: Path, result: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"\nresults written to {path}")
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[str, Any]:
+    client = make_client(endpoint)
+    dataset = build_dataset(client, args, tmp)
+    try:
+        ctx = Context(args, endpoint, client, dataset, tmp)
+        warm_up_s3(ctx)
+        ctx.extras["chained_url_check"] = check_chained_url(ctx)
+        for _ in range(args.repeat):
+            run_repeat(ctx)
+        modes = summarize(ctx)
+        return {
+            "params": {
+                "shards": args.shards,
+                "shard_mib": args.shard_mib,
+                "chunk_mib": args.chunk_mib,
+                "repeat": args.repeat,
+                "concurrency": args.concurrency,
+                "statistic": "median",
+            },
+            "machine": machine_info(endpoint),
+            "modes": modes,
+            "ratios": ratios(modes),
+            **ctx.extras,
+            "notes": list(NOTES),
+        }
+    finally:
+        if not endpoint.started_here:
+            delete_dataset(client, dataset)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="tiercache-bench-"))
+    try:
+        with s3_endpoint(args, tmp) as endpoint:
+            result = benchmark(args, endpoint, tmp)
+    except VerifyError as exc:
+        print(f"VERIFICATION FAILED: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print_report(result)
+    write_json(args.json, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
