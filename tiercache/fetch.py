@@ -149,19 +149,25 @@ class Fetch:
         try:
             with self._tier.entry_lock(req.entry_id, req.lock_timeout) as paths:
                 existing = self._tier.lookup(req.entry_id, req.namespace, req.source)
-                if existing is not None and req.accept_existing(existing):
+                if (
+                    existing is not None
+                    and self._tier.is_intact(existing)
+                    and req.accept_existing(existing)
+                ):
                     self._stats.add("fetches_joined_other_process")
-                    self._finish(entry=existing)
-                    return
-                self._paths = paths
-                self._fd = self._tier.create_part(paths)
-                try:
-                    self._finish(entry=self._download_and_publish(paths))
-                finally:
-                    os.close(self._fd)
+                    entry = existing
+                else:
+                    self._paths = paths
+                    self._fd = self._tier.create_part(paths)
+                    try:
+                        entry = self._download_and_publish(paths)
+                    finally:
+                        os.close(self._fd)
         except BaseException as exc:
             self._stats.add("fetch_errors")
             self._finish(error=exc)
+            return
+        self._finish(entry=entry)  # after the lock is released: waiters may evict at once
 
     def _download_and_publish(self, paths: EntryPaths) -> CachedEntry:
         req = self.request

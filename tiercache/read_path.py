@@ -62,7 +62,7 @@ class ReadPath:
         self._flights_lock = threading.Lock()
 
     def entry_id(self, bucket: str, key: str) -> str:
-        return self._tier.entry_id(self._store.namespace, source_url(bucket, key))
+        return self._tier.entry_id(self._store.namespace, bucket, key)
 
     def cached(self, bucket: str, key: str) -> CachedEntry | None:
         """The published entry of an object, without validating it against the store."""

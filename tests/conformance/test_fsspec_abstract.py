@@ -8,11 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import fsspec.tests.abstract as abstract
 import pytest
+from fsspec.tests import abstract
 
 from tiercache import TierCacheFileSystem
-
 
 # SeaweedFS keeps listing a prefix as a directory after its last object is deleted (its
 # "empty folder cleanup" had not run 30 s later), unlike S3. These tests delete a tree and then

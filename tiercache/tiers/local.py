@@ -15,9 +15,11 @@ shared ``flock`` on the data file while it is open, so eviction skips it.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -79,9 +81,10 @@ class LocalTier:
     # -- naming ------------------------------------------------------------------------------
 
     @staticmethod
-    def entry_id(namespace: str, source: str) -> str:
-        """The hash that names an entry's files."""
-        return hashlib.sha256(f"{namespace}\0{source}".encode("utf-8", "surrogatepass")).hexdigest()
+    def entry_id(namespace: str, bucket: str, key: str) -> str:
+        """The hash that names an entry's files (NUL cannot occur in a bucket name or a key)."""
+        raw = f"{namespace}\0{bucket}\0{key}".encode("utf-8", "surrogatepass")
+        return hashlib.sha256(raw).hexdigest()
 
     def paths(self, entry_id: str) -> EntryPaths:
         if len(entry_id) != 64 or not all(c in "0123456789abcdef" for c in entry_id):
@@ -109,7 +112,13 @@ class LocalTier:
 
         Raises FileNotFoundError when the entry vanished or its size disagrees with its meta.
         """
-        fd = os.open(entry.paths.data, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            fd = os.open(entry.paths.data, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            # A symlink planted in the tier is never followed; the entry is fetched again.
+            raise FileNotFoundError(2, "cache entry is a symlink", entry.paths.data) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
             if os.fstat(fd).st_size != entry.meta.size:
@@ -118,6 +127,14 @@ class LocalTier:
             os.close(fd)
             raise
         return fd
+
+    def is_intact(self, entry: CachedEntry) -> bool:
+        """True if the entry's data is a regular file of the size its metadata records."""
+        try:
+            st = os.stat(entry.paths.data, follow_symlinks=False)
+        except OSError:
+            return False
+        return stat.S_ISREG(st.st_mode) and st.st_size == entry.meta.size
 
     def touch(self, entry: CachedEntry) -> None:
         """Record an access (the meta file's mtime is the LRU clock)."""
@@ -144,8 +161,9 @@ class LocalTier:
             unlock(fd)
 
     def create_part(self, paths: EntryPaths) -> int:
-        """Open (truncating any leftover of a dead fetcher) the part file; hold the entry lock."""
-        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        """Create the part file afresh (a dead fetcher's leftover goes); hold the entry lock."""
+        _remove(paths.part)
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         return os.open(paths.part, flags, self.file_mode)
 
     def publish(
