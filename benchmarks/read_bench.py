@@ -46,6 +46,9 @@ NOTES = (
     "Cold modes use a fresh, empty cache directory per repeat; tiercache_warm is the second "
     "pass over the tiercache_cold filesystem, after every entry was published.",
     "Reported value per mode = median seconds over --repeat samples.",
+    "local_write is a calibration, not a read: each shard written into a new local file in 1 MiB "
+    "pwrites (no fsync), i.e. the page-cache fill that every cold cache mode must also do.",
+    "os.sync() runs (untimed) before every pass so that no pass pays another's writeback.",
     "cpu_s = CPU seconds of this process (all threads, fetch threads included) and srv_cpu_s = "
     "CPU seconds of the S3 server it started, both summed over the timed sections.",
 )
@@ -307,15 +310,21 @@ def server_cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def timed_pass(ctx: Context, mode: str, reader: Reader) -> float:
+def timed_pass(
+    ctx: Context, mode: str, reader: Reader, stage: Callable[[Shard], None] | None = None
+) -> float:
     """Read every shard; return the summed per-shard seconds (verification excluded).
 
-    Also sums the CPU seconds of this process (all threads) and of the S3 server over the same
-    timed sections.
+    Dirty pages of earlier phases are flushed first (``os.sync``, untimed) so that no pass pays
+    for another's writeback. ``stage`` runs untimed before each shard's timer starts. Also sums
+    the CPU seconds of this process (all threads) and of the S3 server over the timed sections.
     """
+    os.sync()
     total = client_cpu = server_cpu = 0.0
     pid = ctx.endpoint.server_pid
     for shard in ctx.dataset.shards:
+        if stage is not None:
+            stage(shard)
         cpu0, srv0 = time.process_time(), server_cpu_seconds(pid)
         start = time.perf_counter()
         chunks = reader(shard)
@@ -327,6 +336,33 @@ def timed_pass(ctx: Context, mode: str, reader: Reader) -> float:
     ctx.samples.setdefault(mode, []).append(total)
     ctx.cpu.setdefault(mode, []).append((client_cpu, server_cpu))
     return total
+
+
+def local_write_pass(ctx: Context) -> None:
+    """Calibration: write each shard into a new local file in 1 MiB pwrites, as a tier fill does.
+
+    No network and no fsync: it shows what filling the page cache costs on this machine, a cost
+    that every cold cache mode (simplecache, tiercache) pays and boto3 into memory does not.
+    """
+    out_dir = ctx.fresh_dir("local-write")
+    staged: dict[str, bytes] = {}
+
+    def stage(shard: Shard) -> None:
+        staged["data"] = Path(shard.path).read_bytes()
+
+    def write(shard: Shard) -> list[Any]:
+        data = staged.pop("data")
+        view = memoryview(data)
+        fd = os.open(out_dir / Path(shard.path).name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            for offset in range(0, len(data), MiB):
+                os.pwrite(fd, view[offset : offset + MiB], offset)
+        finally:
+            os.close(fd)
+        return [data]
+
+    timed_pass(ctx, "local_write", write, stage)
+    shutil.rmtree(out_dir)
 
 
 # -- tiercache ---------------------------------------------------------------------------------
@@ -396,6 +432,7 @@ def check_chained_url(ctx: Context) -> dict[str, Any]:
 
 def run_repeat(ctx: Context) -> None:
     timed_pass(ctx, "local_raw", local_reader(ctx))
+    local_write_pass(ctx)
     timed_pass(ctx, "boto3_get_object", get_object_reader(ctx))
     timed_pass(ctx, "boto3_transfer_manager", transfer_manager_reader(ctx))
     cache_dir = ctx.fresh_dir("simplecache")

@@ -18,13 +18,11 @@ from fsspec.utils import stringify_path
 from tiercache.cached_file import CachedFile
 from tiercache.config import TierCacheConfig
 from tiercache.errors import ConfigError, ObjectNotFoundError
-from tiercache.read_path import ReadPath, source_url
-from tiercache.stats import Stats
+from tiercache.read_path import source_url
+from tiercache.runtime import runtime_for
 from tiercache.store.base import ListEntry, ObjectInfo, ObjectStore
-from tiercache.store.retry import RetryPolicy
-from tiercache.store.s3 import S3Store
 from tiercache.store.s3_options import S3Options
-from tiercache.tiers.local import EvictionReport, LocalTier
+from tiercache.tiers.local import EvictionReport
 from tiercache.write_through import WriteThroughFile
 
 try:  # fsspec >= 2025.x marks filesystems meant to be chained (``tiercache::s3://``)
@@ -61,16 +59,16 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
             raise ConfigError(
                 f"target_protocol {target_protocol!r} is not supported; tiercache caches s3://"
             )
-        self.config = TierCacheConfig.from_options(options)
-        self.store: ObjectStore = store or _s3_store(self.config, target_options or {})
-        self.tier = LocalTier(
-            self.config.local_dir,
-            self.config.local_max_bytes,
-            file_mode=self.config.file_mode,
-            dir_mode=self.config.dir_mode,
+        config = TierCacheConfig.from_options(options)
+        s3_options = (
+            None if store is not None else S3Options.from_storage_options(target_options or {})
         )
-        self._stats = Stats()
-        self.read_path = ReadPath(self.config, self.tier, self.store, self._stats)
+        runtime = runtime_for(config, s3_options, store)
+        self.config = config
+        self.store = runtime.store
+        self.tier = runtime.tier
+        self.read_path = runtime.read_path
+        self._stats = runtime.stats
 
     def __repr__(self) -> str:
         return (
@@ -337,18 +335,6 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
             "local_usage_bytes": self.tier.usage(fresh=True),
             "local_max_bytes": self.config.local_max_bytes,
         }
-
-
-def _s3_store(config: TierCacheConfig, target_options: dict[str, Any]) -> S3Store:
-    return S3Store(
-        S3Options.from_storage_options(target_options),
-        retry=RetryPolicy(attempts=config.retries),
-        connect_timeout=config.connect_timeout,
-        read_timeout=config.read_timeout,
-        max_connections=max(16, 4 * config.fetch_concurrency),
-        part_size=config.part_size,
-        upload_concurrency=config.fetch_concurrency,
-    )
 
 
 def _file_dict(info: ObjectInfo, cached: bool) -> dict[str, Any]:

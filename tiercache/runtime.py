@@ -1,0 +1,73 @@
+"""``CacheRuntime``: the store, tier, read path and counters shared by equal filesystems.
+
+fsspec makes one filesystem instance per distinct set of arguments, and a chained URL passes
+the object path (``fo``) as an argument, so ``fsspec.open`` of two shards yields two
+instances. They must still share one single-flight table, one set of counters and one boto3
+client, so the instances are thin and the state lives here, keyed by configuration.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from tiercache.config import TierCacheConfig
+from tiercache.read_path import ReadPath
+from tiercache.stats import Stats
+from tiercache.store.base import ObjectStore
+from tiercache.store.retry import RetryPolicy
+from tiercache.store.s3 import S3Store
+from tiercache.store.s3_options import S3Options
+from tiercache.tiers.local import LocalTier
+
+
+@dataclass(frozen=True)
+class CacheRuntime:
+    """Everything a filesystem instance uses to serve reads and writes."""
+
+    config: TierCacheConfig
+    store: ObjectStore
+    tier: LocalTier
+    read_path: ReadPath
+    stats: Stats
+
+
+_runtimes: dict[tuple[Any, ...], CacheRuntime] = {}
+_runtimes_lock = threading.Lock()
+
+
+def runtime_for(
+    config: TierCacheConfig, s3_options: S3Options | None, store: ObjectStore | None
+) -> CacheRuntime:
+    """The runtime for this configuration, built on first use."""
+    key = (config, s3_options, id(store) if store is not None else None)
+    with _runtimes_lock:
+        runtime = _runtimes.get(key)
+        if runtime is None or (store is not None and runtime.store is not store):
+            runtime = _build(config, store or _s3_store(config, s3_options or S3Options()))
+            _runtimes[key] = runtime
+        return runtime
+
+
+def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
+    tier = LocalTier(
+        config.local_dir,
+        config.local_max_bytes,
+        file_mode=config.file_mode,
+        dir_mode=config.dir_mode,
+    )
+    stats = Stats()
+    return CacheRuntime(config, store, tier, ReadPath(config, tier, store, stats), stats)
+
+
+def _s3_store(config: TierCacheConfig, options: S3Options) -> S3Store:
+    return S3Store(
+        options,
+        retry=RetryPolicy(attempts=config.retries),
+        connect_timeout=config.connect_timeout,
+        read_timeout=config.read_timeout,
+        max_connections=max(16, 4 * config.fetch_concurrency),
+        part_size=config.part_size,
+        upload_concurrency=config.fetch_concurrency,
+    )
