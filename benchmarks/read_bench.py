@@ -485,7 +485,9 @@ def summarize(ctx: Context) -> dict[str, dict[str, Any]]:
             "mib_s": round(total / MiB / seconds, 1),
             "samples_s": [round(s, 4) for s in samples],
             "client_cpu_s": round(statistics.median(c for c, _ in cpu), 3),
-            "server_cpu_s": round(statistics.median(s for _, s in cpu), 3),
+            "server_cpu_s": round(statistics.median(s for _, s in cpu), 3)
+            if ctx.endpoint.started_here
+            else None,
         }
     return modes
 
@@ -528,14 +530,15 @@ def print_report(result: dict[str, Any]) -> None:
     )
     print(f"{'mode':<26} {'MiB':>7} {'seconds':>8} {'MiB/s':>8} {'cpu_s':>6} {'srv_cpu_s':>9}")
     for mode, row in result["modes"].items():
+        srv = "-" if row["server_cpu_s"] is None else f"{row['server_cpu_s']:.2f}"
         print(
             f"{mode:<26} {row['bytes'] / MiB:>7.0f} {row['seconds']:>8.3f} {row['mib_s']:>8.1f} "
-            f"{row['client_cpu_s']:>6.2f} {row['server_cpu_s']:>9.2f}"
+            f"{row['client_cpu_s']:>6.2f} {srv:>9}"
         )
     print(f"\n{'ratio':<64} {'value':>6} {'target':>7}  result")
     for row in result["ratios"]:
         target = f">={row['target']:g}" if row["target"] is not None else ""
-        print(f"{row['name']:<64} {row['value']:>6.2f} {target:>7}  {row.get('result', '')}")
+        print(f"{row['name']:<64} {row['value']:>6.3f} {target:>7}  {row.get('result', '')}")
     print("\nnotes:")
     for note in result["notes"]:
         print(f"  - {note}")
