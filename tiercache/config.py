@@ -48,6 +48,15 @@ def default_local_dir() -> str:
     return str(Path(base) / "tiercache")
 
 
+def default_concurrency() -> int:
+    """Parallel GETs per fetch: one per spare core, at most 4.
+
+    Each stream costs CPU (HTTP parsing, copies into the page cache); measured on a 2-core
+    machine, one stream beat four by 1.5x, while hosts with cores to spare gain from several.
+    """
+    return min(4, max(1, (os.cpu_count() or 2) - 1))
+
+
 @dataclass(frozen=True, kw_only=True)
 class TierCacheConfig:
     """Options of the cache tiers and of the read path.
@@ -58,7 +67,7 @@ class TierCacheConfig:
         consistency: ``immutable`` never revalidates, ``ttl`` revalidates by ETag after
             ``ttl`` seconds, ``always`` sends a HEAD on every open.
         ttl: seconds an entry is trusted without revalidation in ``ttl`` mode.
-        fetch_concurrency: parallel ranged GETs per object fetch.
+        fetch_concurrency: parallel ranged GETs per object fetch (1: one GET per object).
         part_size: bytes per ranged GET and per multipart-upload part.
         lock_timeout: seconds to wait for a fetch held by another process before failing.
         retries: attempts per store request (throttling, 5xx, connection errors).
@@ -71,7 +80,7 @@ class TierCacheConfig:
     local_max_bytes: int = 10 * GiB
     consistency: Consistency = "ttl"
     ttl: float = 60.0
-    fetch_concurrency: int = 4
+    fetch_concurrency: int = dataclasses.field(default_factory=default_concurrency)
     part_size: int = 16 * MiB
     lock_timeout: float = 300.0
     retries: int = 5

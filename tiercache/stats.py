@@ -12,6 +12,7 @@ COUNTERS = (
     "misses",
     "revalidations",
     "invalidations",
+    "corrupt_entries",
     "fetches",
     "fetches_joined",
     "fetches_joined_other_process",

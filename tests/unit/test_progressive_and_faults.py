@@ -113,7 +113,7 @@ def test_retries_are_bounded(tmp_path: Path) -> None:
 def test_object_changed_mid_fetch_fails_instead_of_mixing_versions(tmp_path: Path) -> None:
     store = GatedStore()
     store.put_bytes("b", "k", os.urandom(12 * MiB))
-    fs = _fs(tmp_path, store, fetch_concurrency=1)
+    fs = _fs(tmp_path, store, fetch_concurrency=2)
     with fs.open("b/k") as f:
         f.read(10)
         store.put_bytes("b", "k", os.urandom(12 * MiB))  # a new version, a new ETag

@@ -64,7 +64,10 @@ def download(
     The first GET reveals size and ETag; every later part is pinned to that ETag with
     ``If-Match`` so that an object replaced mid-fetch fails instead of mixing versions.
     """
-    first = store.open_range(bucket, key, 0, part_size, if_match=if_match)
+    # With a single stream there is nothing to split: one GET for the whole object.
+    first = store.open_range(
+        bucket, key, 0, part_size if concurrency > 1 else None, if_match=if_match
+    )
     info = first.info
     sink.begin(info)
     parts = _Parts(first.end, info.size, part_size)

@@ -35,6 +35,7 @@ class EntryMeta:
     validated_at: float
     last_modified: float | None = None
     state: Literal["clean", "dirty"] = "clean"
+    boot_id: str = ""
     version: int = META_VERSION
 
     def to_json(self) -> bytes:
@@ -56,8 +57,23 @@ class EntryMeta:
             and isinstance(meta.etag, str)
             and isinstance(meta.digest, str)
             and meta.state in ("clean", "dirty")
+            and isinstance(meta.boot_id, str)
         )
         return meta if valid else None
+
+
+def current_boot_id() -> str:
+    """This kernel boot's id ("" where the platform has none).
+
+    Entries are published without fsync: a process crash keeps the page cache, so only a
+    kernel crash or power loss can tear an entry, and both change the boot id. An entry
+    published under another boot id is checked against its digest before it is served.
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 @dataclass(frozen=True)

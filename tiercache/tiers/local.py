@@ -15,6 +15,7 @@ shared ``flock`` on the data file while it is open, so eviction skips it.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -26,8 +27,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
+import xxhash
+
 from tiercache import forksafe
-from tiercache.tiers.entry import CachedEntry, EntryMeta, EntryPaths, read_meta, write_atomically
+from tiercache.tiers.entry import (
+    CachedEntry,
+    EntryMeta,
+    EntryPaths,
+    current_boot_id,
+    read_meta,
+    write_atomically,
+)
 from tiercache.tiers.locks import is_shared_locked, lock, try_lock, unlock
 
 _SCAN_REUSE_SECONDS = 1.0
@@ -65,6 +75,7 @@ class LocalTier:
             os.makedirs(path, mode=dir_mode, exist_ok=True)
             _require_real_dir(path, self.root)
         self._shards_ready: set[str] = set()
+        self.boot_id = current_boot_id()
         self._lock = threading.Lock()
         self._scan_cache: tuple[float, int] | None = None
         self._reserved = 0
@@ -136,6 +147,26 @@ class LocalTier:
             return False
         return stat.S_ISREG(st.st_mode) and st.st_size == entry.meta.size
 
+    def needs_check(self, entry: CachedEntry) -> bool:
+        """True if the entry was published before the last kernel boot (it may be torn)."""
+        return entry.meta.boot_id != self.boot_id
+
+    def check_digest(self, entry: CachedEntry) -> CachedEntry | None:
+        """Verify an entry's bytes against its xxh3 digest; re-stamp it, or drop it if corrupt."""
+        hasher = xxhash.xxh3_64()
+        try:
+            fd = os.open(entry.paths.data, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            while chunk := os.read(fd, 8 << 20):
+                hasher.update(chunk)
+        finally:
+            os.close(fd)
+        if hasher.hexdigest() != entry.meta.digest:
+            return None
+        return self.replace_meta(entry, dataclasses.replace(entry.meta, boot_id=self.boot_id))
+
     def touch(self, entry: CachedEntry) -> None:
         """Record an access (the meta file's mtime is the LRU clock)."""
         try:
@@ -171,13 +202,16 @@ class LocalTier:
     ) -> CachedEntry:
         """Make the part file (or the staged file ``src``) the entry's data; hold the entry lock.
 
-        The data is fsynced before the rename and the meta written last, so a crash at any
-        point leaves either the old entry, no entry, or the complete new one.
+        The meta is removed first and written last, so a crash at any point leaves the old
+        entry, no entry, or the new one. Data is fsynced only where there is no boot id to
+        detect a power loss with (see ``current_boot_id``).
         """
-        os.fsync(fd)
+        if not self.boot_id:
+            os.fsync(fd)
+        meta = dataclasses.replace(meta, boot_id=self.boot_id)
         _remove(paths.meta)
         os.rename(src or paths.part, paths.data)
-        write_atomically(paths.meta, meta.to_json(), self.file_mode)
+        write_atomically(paths.meta, meta.to_json(), self.file_mode, durable=not self.boot_id)
         with self._lock:
             if self._scan_cache is not None:
                 stamp, usage = self._scan_cache
