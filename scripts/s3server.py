@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import hashlib
 import hmac
@@ -49,11 +50,18 @@ class S3Server:
     pid: int
     data_dir: str
     port: int
+    owns_data_dir: bool = False  # a temp dir start_server made: removed by stop()
 
     def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after 15 s); a no-op if already gone."""
+        """Stop the server (SIGTERM, then SIGKILL after 15 s); a no-op if already gone.
+
+        A data directory that start_server created itself is removed too, unless
+        TIERCACHE_S3_KEEP_DATA=1 asks to keep it (its weed.log helps debugging).
+        """
         _stop_pid(self.pid, self.data_dir)
         _remove_pid_file(self.data_dir, self.pid)
+        if self.owns_data_dir and os.environ.get("TIERCACHE_S3_KEEP_DATA") != "1":
+            shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def pause(self) -> None:
         """Freeze the server with SIGSTOP so clients see timeouts (fault-injection tests)."""
@@ -446,6 +454,7 @@ def start_server(
     if port is not None and not 1024 <= port <= MAX_PORT:
         raise ValueError(f"port must be in 1024..{MAX_PORT} (weed also uses port+10000..+10004)")
     weed = install_weed()
+    owns_data_dir = data_dir is None
     if data_dir is None:
         data_dir = tempfile.mkdtemp(prefix="tiercache-s3-")
     data_dir = os.path.abspath(data_dir)
@@ -458,7 +467,7 @@ def start_server(
     for attempt in range(attempts):
         try:
             chosen = port if port is not None else _pick_port()
-            return _launch(
+            server = _launch(
                 weed,
                 chosen,
                 data_dir,
@@ -466,6 +475,7 @@ def start_server(
                 secret_key=secret_key,
                 timeout=timeout,
             )
+            return dataclasses.replace(server, owns_data_dir=owns_data_dir)
         except _PortRaceError:
             # Someone grabbed a port between our bind test and weed's; only an auto port retries.
             if attempt == attempts - 1:

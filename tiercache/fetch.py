@@ -64,6 +64,7 @@ class Fetch:
         self._stats = stats
         self._cond = threading.Condition()
         self._extents = Extents()
+        self._waiting: list[tuple[int, int]] = []
         self._hash_lock = threading.Lock()
         self._hasher = xxhash.xxh3_64()
         self._hashed = 0
@@ -108,7 +109,11 @@ class Fetch:
     def wait_range(self, start: int, end: int) -> None:
         """Block until ``[start, end)`` is in the part file; raise the fetch's error."""
         with self._cond:
-            self._cond.wait_for(lambda: self.finished or self._extents.covers(start, end))
+            self._waiting.append((start, end))
+            try:
+                self._cond.wait_for(lambda: self.finished or self._extents.covers(start, end))
+            finally:
+                self._waiting.remove((start, end))
             if self.error is not None:
                 raise self.error
 
@@ -129,7 +134,10 @@ class Fetch:
         with self._cond:
             self._extents.add(offset, offset + len(data))
             prefix = self._extents.prefix_end()
-            self._cond.notify_all()
+            # Wake readers only when a range one of them waits for is complete: waking a
+            # reader for every chunk costs more than the copy it then makes.
+            if any(self._extents.covers(*wanted) for wanted in self._waiting):
+                self._cond.notify_all()
         self._hash(offset, data, prefix)
 
     def _hash(self, offset: int, data: bytes, prefix: int) -> None:

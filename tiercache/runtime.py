@@ -9,6 +9,7 @@ client, so the instances are thin and the state lives here, keyed by configurati
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,10 @@ class CacheRuntime:
     stats: Stats
 
 
-_runtimes: dict[tuple[Any, ...], CacheRuntime] = {}
+# Weak: a runtime lives as long as some filesystem instance uses it.
+_runtimes: weakref.WeakValueDictionary[tuple[Any, ...], CacheRuntime] = (
+    weakref.WeakValueDictionary()
+)
 _runtimes_lock = threading.Lock()
 
 
