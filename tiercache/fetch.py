@@ -126,7 +126,7 @@ class Fetch:
             self.info = info
             self._cond.notify_all()
 
-    def write(self, offset: int, data: bytes) -> None:
+    def write(self, offset: int, data: memoryview) -> None:
         written = os.pwrite(self._fd, data, offset)
         if written != len(data):
             raise OSError(f"short write to {self._paths}: {written} of {len(data)} bytes")
@@ -140,7 +140,7 @@ class Fetch:
                 self._cond.notify_all()
         self._hash(offset, data, prefix)
 
-    def _hash(self, offset: int, data: bytes, prefix: int) -> None:
+    def _hash(self, offset: int, data: memoryview | bytes, prefix: int) -> None:
         with self._hash_lock:
             if offset == self._hashed:
                 self._hasher.update(data)

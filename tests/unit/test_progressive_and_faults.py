@@ -45,6 +45,11 @@ class FlakyStream:
         self._left -= len(data)
         return data
 
+    def readinto(self, buffer: memoryview) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
     def close(self) -> None:
         self._inner.close()
 

@@ -41,6 +41,10 @@ class ObjectStream(Protocol):
         """Return up to ``amount`` bytes; ``b""`` at the end of the range."""
         ...
 
+    def readinto(self, buffer: memoryview) -> int:
+        """Fill ``buffer`` with up to ``len(buffer)`` bytes; 0 at the end of the range."""
+        ...
+
     def close(self) -> None:
         """Release the connection."""
         ...

@@ -21,8 +21,8 @@ class RangeSink(Protocol):
         """The object's size and ETag are known; called once, before any ``write``."""
         ...
 
-    def write(self, offset: int, data: bytes) -> None:
-        """Store ``data`` at ``offset``."""
+    def write(self, offset: int, data: memoryview) -> None:
+        """Store ``data`` at ``offset``; the buffer is reused once this returns."""
         ...
 
 
@@ -123,16 +123,17 @@ def _copy_range(
     """Copy ``[start, end)`` into the sink, reopening from the last byte on a broken stream."""
     pos = start
     failures = 0
+    buffer = memoryview(bytearray(CHUNK))  # reused: fresh memory per chunk costs more than I/O
     try:
         while pos < end:
             try:
                 if stream is None:
                     stream = store.open_range(info.bucket, info.key, pos, end, if_match=info.etag)
-                data = stream.read(min(CHUNK, end - pos))
-                if not data:
+                count = stream.readinto(buffer[: min(CHUNK, end - pos)])
+                if not count:
                     raise RetryableError(f"body ended at byte {pos} of {end}")
-                sink.write(pos, data)
-                pos += len(data)
+                sink.write(pos, buffer[:count])
+                pos += count
             except RetryableError as exc:
                 failures += 1
                 if stream is not None:

@@ -36,6 +36,12 @@ class MemoryStream:
         self._pos += len(chunk)
         return chunk
 
+    def readinto(self, buffer: memoryview) -> int:
+        chunk = self._view[self._pos : self._pos + len(buffer)]
+        buffer[: len(chunk)] = chunk
+        self._pos += len(chunk)
+        return len(chunk)
+
     def close(self) -> None:
         self._view.release()
 

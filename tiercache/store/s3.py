@@ -29,13 +29,22 @@ _STREAM_CHUNK = 1024 * 1024
 
 
 class S3Stream:
-    """Body of a ranged GetObject; transport errors surface as ``RetryableError``."""
+    """Body of a ranged GetObject; transport errors surface as ``RetryableError``.
+
+    ``readinto`` reads straight from the ``http.client`` response under botocore/urllib3 when
+    it can: ``read(n)`` there copies every byte twice more (measured: half the client CPU of
+    a cold fetch). botocore asks urllib3 for undecoded content, so the bytes are the same.
+    """
 
     def __init__(self, info: ObjectInfo, start: int, end: int, body: Any) -> None:
         self.info = info
         self.start = start
         self.end = end
         self._body = body
+        self._raw: Any = getattr(body, "_raw_stream", None)
+        fp = getattr(self._raw, "_fp", None)
+        self._direct = fp if callable(getattr(fp, "readinto", None)) else None
+        self._received = 0
 
     def read(self, amount: int) -> bytes:
         try:
@@ -45,8 +54,26 @@ class S3Stream:
                 exc, "reading", self.info.bucket, self.info.key
             ) from exc
 
+    def readinto(self, buffer: memoryview) -> int:
+        if self._direct is None:
+            data = self.read(len(buffer))
+            buffer[: len(data)] = data
+            return len(data)
+        try:
+            count = int(self._direct.readinto(buffer))
+        except Exception as exc:
+            raise translate_transport_error(
+                exc, "reading", self.info.bucket, self.info.key
+            ) from exc
+        self._received += count
+        return count
+
     def close(self) -> None:
-        self._body.close()
+        complete = self._direct is not None and self._received == self.end - self.start
+        if complete and callable(getattr(self._raw, "release_conn", None)):
+            self._raw.release_conn()  # the body was read to its end: the connection is reusable
+        else:
+            self._body.close()
 
 
 class S3Store:
