@@ -9,6 +9,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "bootstrap: creating $VENV" >&2
   "$PYTHON" -m venv "$VENV"
 fi
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT[dev]"
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+  -c "$ROOT/scripts/constraints.txt" -e "$ROOT[dev]"
 "$VENV/bin/python" "$ROOT/scripts/s3server.py" install >/dev/null
 export PATH="$VENV/bin:$PATH"

@@ -197,17 +197,7 @@ class Fetch:
                 raise CacheCorruptError(
                     f"{req.source}: fetched {self._hashed} bytes, the store said {info.size}"
                 )
-            now = time.time()
-            meta = EntryMeta(
-                source=req.source,
-                namespace=req.namespace,
-                size=info.size,
-                etag=info.etag,
-                digest=self._hasher.hexdigest(),
-                fetched_at=now,
-                validated_at=now,
-                last_modified=info.last_modified,
-            )
+            meta = EntryMeta.for_object(info, req.source, req.namespace, self._hasher.hexdigest())
             entry = self._tier.publish(paths, self._fd, meta)
         except BaseException:
             _remove_quietly(paths.part)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import os
-import time
 from types import TracebackType
 from typing import Any
 
@@ -110,17 +109,7 @@ class WriteThroughFile(io.RawIOBase):
         )
         self._stats.add("uploads")
         self._stats.add("bytes_written", self._size)
-        now = time.time()
-        meta = EntryMeta(
-            source=self._source,
-            namespace=self._store.namespace,
-            size=self._size,
-            etag=info.etag,
-            digest=digest,
-            fetched_at=now,
-            validated_at=now,
-            last_modified=info.last_modified,
-        )
+        meta = EntryMeta.for_object(info, self._source, self._store.namespace, digest)
         self._tier.reserve(self._size)
         try:
             with self._tier.entry_lock(self._entry_id, self._lock_timeout) as paths:

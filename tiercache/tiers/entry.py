@@ -6,8 +6,11 @@ import dataclasses
 import json
 import os
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from tiercache.store.base import ObjectInfo
 
 META_VERSION = 1
 
@@ -37,6 +40,21 @@ class EntryMeta:
     state: Literal["clean", "dirty"] = "clean"
     boot_id: str = ""
     version: int = META_VERSION
+
+    @classmethod
+    def for_object(cls, info: ObjectInfo, source: str, namespace: str, digest: str) -> EntryMeta:
+        """Metadata of bytes just fetched from, or stored to, the store (validated now)."""
+        now = time.time()
+        return cls(
+            source=source,
+            namespace=namespace,
+            size=info.size,
+            etag=info.etag,
+            digest=digest,
+            fetched_at=now,
+            validated_at=now,
+            last_modified=info.last_modified,
+        )
 
     def to_json(self) -> bytes:
         return json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
