@@ -64,6 +64,7 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
             None if store is not None else S3Options.from_storage_options(target_options or {})
         )
         runtime = runtime_for(config, s3_options, store)
+        self._runtime = runtime  # keeps the shared runtime alive (its registry is weak)
         self.config = config
         self.store = runtime.store
         self.tier = runtime.tier

@@ -167,3 +167,38 @@ def test_missing_object_and_bucket_raise_file_not_found(make_fs: Any, bucket: st
     with pytest.raises(FileNotFoundError):
         fs.ls("tc-no-such-bucket-4711")
     assert fs.stats()["fetch_errors"] == 2
+
+
+def test_fsspec_open_of_many_urls_shares_one_cache_runtime(
+    s3: Any, s3_client: Any, bucket: str, tmp_path: Any
+) -> None:
+    for i in range(3):
+        s3_client.put_object(Bucket=bucket, Key=f"s/{i}", Body=b"%d" % i)
+    options = {"s3": s3.target_options(), "tiercache": {"local_dir": str(tmp_path / "t")}}
+    urls = [f"tiercache::s3://{bucket}/s/{i}" for i in range(3)]
+    for url in urls:
+        with fsspec.open(url, "rb", **options) as f:
+            f.read()
+    first, _ = fsspec.core.url_to_fs(urls[0], **options)
+    last, _ = fsspec.core.url_to_fs(urls[2], **options)
+    assert first.read_path is last.read_path  # one single-flight table and one set of counters
+    assert first.stats()["misses"] == 3
+
+
+def test_forked_child_rebuilds_its_s3_client(make_fs: Any, s3_client: Any, bucket: str) -> None:
+    s3_client.put_object(Bucket=bucket, Key="p", Body=b"parent")
+    s3_client.put_object(Bucket=bucket, Key="c", Body=b"child")
+    fs = make_fs()
+    assert fs.cat(f"{bucket}/p") == b"parent"  # the parent's client now exists
+    parent_client = fs.store.client()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        try:
+            ok = fs.store.client() is not parent_client and fs.cat(f"{bucket}/c") == b"child"
+            os.write(write_end, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    assert os.read(read_end, 1) == b"1"
+    os.waitpid(pid, 0)
