@@ -103,3 +103,33 @@ def test_bad_paths(make_fs: Any, bucket: str) -> None:
         fs.open(bucket)
     with pytest.raises(ValueError, match="mode"):
         fs.open(f"{bucket}/k", "ab")
+
+
+def test_store_that_stops_answering_fails_within_bounded_time(tmp_path: Path) -> None:
+    """A server that accepts connections but never answers (SIGSTOP) is a bounded failure."""
+    import s3server
+
+    with s3server.start_server() as server:
+        fs = TierCacheFileSystem(
+            target_options={
+                "endpoint_url": server.endpoint,
+                "key": server.access_key,
+                "secret": server.secret_key,
+            },
+            local_dir=str(tmp_path),
+            retries=2,
+            connect_timeout=1,
+            read_timeout=1,
+            skip_instance_cache=True,
+        )
+        fs.mkdir("frozen")
+        fs.pipe_file("frozen/k", b"value")
+        server.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailableError, match="after 2 attempts"):
+                fs.cat("frozen/k")
+            assert time.monotonic() - started < 30
+        finally:
+            server.resume()
+        assert fs.cat("frozen/k") == b"value"  # and it recovers once the server answers
