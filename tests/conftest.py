@@ -22,6 +22,8 @@ import pytest
 from tiercache import TierCacheFileSystem
 
 ROOT = Path(__file__).resolve().parent.parent
+# Tests flush explicitly; an upload a test leaves pending must not hold the run at exit.
+os.environ.setdefault("TIERCACHE_EXIT_FLUSH_TIMEOUT", "2")
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import s3server  # noqa: E402

@@ -18,6 +18,7 @@ from typing import Any, Literal, get_args
 from tiercache.errors import ConfigError
 
 Consistency = Literal["immutable", "ttl", "always"]
+WriteMode = Literal["behind", "through"]
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -74,6 +75,18 @@ class TierCacheConfig:
         connect_timeout: seconds to establish a connection to the store.
         read_timeout: seconds without data before a store read is abandoned (and retried).
         file_mode: permission bits of cache files (directories get the matching x bits).
+        write_mode: ``behind``: ``close()`` returns once the bytes are durable in the local tier
+            and a background uploader sends them; ``through``: ``close()`` returns once the
+            object is in the store.
+        dirty_max_bytes: bytes written behind but not yet uploaded above which ``close()``
+            blocks until uploads catch up (back-pressure; default: half the local budget).
+        upload_workers: objects uploaded at once by one process.
+        upload_deadline: seconds after which a failing upload stops being retried in the
+            background (the object stays dirty; ``flush`` retries it); None: retry forever.
+        commit_marker: file name uploaded only after every other pending file of its
+            directory (DCP's ``.metadata``), so a checkpoint appears complete or not at all.
+        exit_flush_timeout: seconds the interpreter waits at exit for pending uploads before
+            leaving them to the journal (the next process or ``tiercache flush``).
     """
 
     local_dir: str = dataclasses.field(default_factory=default_local_dir)
@@ -87,6 +100,12 @@ class TierCacheConfig:
     connect_timeout: float = 10.0
     read_timeout: float = 60.0
     file_mode: int = 0o600
+    write_mode: WriteMode = "behind"
+    dirty_max_bytes: int | None = None
+    upload_workers: int = 2
+    upload_deadline: float | None = None
+    commit_marker: str = ".metadata"
+    exit_flush_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.local_dir, str) or not self.local_dir:
@@ -107,6 +126,21 @@ class TierCacheConfig:
         _require_int("file_mode", self.file_mode, minimum=0o400, maximum=0o666)
         if not self.file_mode & 0o600 == 0o600:
             raise ConfigError("file_mode must give the owner read and write (0o600)")
+        if self.write_mode not in get_args(WriteMode):
+            raise ConfigError(f"write_mode must be behind or through, got {self.write_mode!r}")
+        if self.dirty_max_bytes is not None:
+            _require_int("dirty_max_bytes", self.dirty_max_bytes, minimum=1)
+        _require_int("upload_workers", self.upload_workers, minimum=1, maximum=64)
+        if self.upload_deadline is not None:
+            _require_number("upload_deadline", self.upload_deadline, minimum=0.0)
+        if not isinstance(self.commit_marker, str) or "/" in self.commit_marker:
+            raise ConfigError("commit_marker must be a file name without '/'")
+        _require_number("exit_flush_timeout", self.exit_flush_timeout, minimum=0.0)
+
+    @property
+    def dirty_budget(self) -> int:
+        """The back-pressure threshold in bytes."""
+        return self.dirty_max_bytes or max(1, self.local_max_bytes // 2)
 
     @property
     def dir_mode(self) -> int:
@@ -141,9 +175,16 @@ class TierCacheConfig:
         return cls(**values)
 
 
-_SIZE_FIELDS = {"local_max_bytes", "part_size"}
-_INT_FIELDS = {"fetch_concurrency", "retries"}
-_FLOAT_FIELDS = {"ttl", "lock_timeout", "connect_timeout", "read_timeout"}
+_SIZE_FIELDS = {"local_max_bytes", "part_size", "dirty_max_bytes"}
+_INT_FIELDS = {"fetch_concurrency", "retries", "upload_workers"}
+_FLOAT_FIELDS = {
+    "ttl",
+    "lock_timeout",
+    "connect_timeout",
+    "read_timeout",
+    "upload_deadline",
+    "exit_flush_timeout",
+}
 
 
 def _coerce(name: str, value: Any, source: str | None = None) -> Any:

@@ -1,14 +1,16 @@
 """``TierCacheFileSystem``: the fsspec filesystem ``tiercache`` (``tiercache::s3://bucket/key``).
 
 It owns the pieces and wires them together; the data paths live in ``read_path`` (reads),
-``write_through`` (writes), ``tiers`` and ``store``. Listings and metadata come from the store
-(they are not cached); object bytes come through the local tier.
+``write_behind``/``write_through`` (writes), ``tiers`` and ``store``. Listings and metadata
+come from the store (not cached) merged with pending writes; object bytes come through the
+local tier.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
@@ -20,10 +22,10 @@ from tiercache.config import TierCacheConfig
 from tiercache.errors import ConfigError, ObjectNotFoundError
 from tiercache.read_path import source_url
 from tiercache.runtime import runtime_for
+from tiercache.staged_write import Committer, StagedWriteFile
 from tiercache.store.base import ListEntry, ObjectInfo, ObjectStore
 from tiercache.store.s3_options import S3Options
 from tiercache.tiers.local import EvictionReport
-from tiercache.write_through import WriteThroughFile
 
 try:  # fsspec >= 2025.x marks filesystems meant to be chained (``tiercache::s3://``)
     from fsspec.implementations.chained import ChainedFileSystem as _Base
@@ -117,7 +119,7 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         autocommit: bool = True,
         cache_options: dict[str, Any] | None = None,
         **kwargs: Any,
-    ) -> CachedFile | WriteThroughFile:
+    ) -> CachedFile | StagedWriteFile:
         bucket, key = self.split_path(path)
         if not key:
             raise IsADirectoryError(21, "a bucket is not a file", path)
@@ -127,16 +129,20 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         if mode in ("wb", "xb"):
             if mode == "xb" and self.exists(path):
                 raise FileExistsError(17, "object exists", path)
-            return WriteThroughFile(
+            entry_id = self.read_path.entry_id(bucket, key)
+            if self.config.write_mode == "behind":
+                commit: Committer = self._runtime.write_behind
+            else:
+                self._cancel_pending(bucket, key)
+                commit = self._runtime.write_through
+            return StagedWriteFile(
                 f"{bucket}/{key}",
                 bucket,
                 key,
-                store=self.store,
                 tier=self.tier,
-                entry_id=self.read_path.entry_id(bucket, key),
+                entry_id=entry_id,
                 source=source_url(bucket, key),
-                lock_timeout=self.config.lock_timeout,
-                stats=self._stats,
+                commit=commit,
             )
         raise ValueError(
             f"mode {mode!r} is not supported: use 'rb' or 'wb' (objects have no append)"
@@ -153,14 +159,17 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
             )  # raises if there is no bucket
             return {"name": bucket, "type": "directory", "size": 0}
         entry = self.read_path.cached(bucket, key)
-        if entry is not None and self.config.consistency == "immutable":
+        if entry is not None and (
+            self.config.consistency == "immutable" or entry.meta.state == "dirty"
+        ):
             meta = entry.meta
             info = ObjectInfo(bucket, key, meta.size, meta.etag, meta.last_modified)
             return _file_dict(info, cached=True)
         try:
             return _file_dict(self.store.head(bucket, key), cached=entry is not None)
         except ObjectNotFoundError:
-            if next(iter(self.store.list_objects(bucket, key + "/", "/")), None) is not None:
+            listed = next(iter(self.store.list_objects(bucket, key + "/", "/")), None)
+            if listed is not None or self._pending_under(bucket, key + "/"):
                 return {"name": f"{bucket}/{key}", "type": "directory", "size": 0}
             raise
 
@@ -178,6 +187,7 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
                 for e in self.store.list_objects(bucket, prefix, "/")
                 if e.key != prefix
             ]
+            rows = _merge_rows(rows, self._pending_rows(bucket, prefix, nested=False))
             if not rows and key:
                 info = self.info(path)
                 if info["type"] == "file":
@@ -199,10 +209,12 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         bucket, key = self.split_path(path)
         prefix = f"{key}/" if key else ""
         found: dict[str, dict[str, Any]] = {}
-        for entry in self.store.list_objects(bucket, prefix, None):
-            if entry.key.endswith("/"):
-                continue  # zero-byte "directory marker" objects
-            row = _entry_dict(entry)
+        listed = [
+            _entry_dict(e)
+            for e in self.store.list_objects(bucket, prefix, None)
+            if not e.key.endswith("/")  # zero-byte "directory marker" objects
+        ]
+        for row in _merge_rows(listed, self._pending_rows(bucket, prefix, nested=True)):
             found[row["name"]] = row
             if withdirs:
                 _add_parent_dirs(found, path, row["name"])
@@ -230,6 +242,7 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         bucket, key = self.split_path(path)
         if mode == "create" and self.exists(path):
             raise FileExistsError(17, "object exists", path)
+        self._cancel_pending(bucket, key)
         self.store.put_bytes(bucket, key, bytes(value))
         self.read_path.invalidate(bucket, key)
 
@@ -241,6 +254,7 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         bucket, key = self.split_path(rpath)
         if mode == "create" and self.exists(rpath):
             raise FileExistsError(17, "object exists", rpath)
+        self._cancel_pending(bucket, key)
         self.store.upload_file(bucket, key, lpath)
         self.read_path.invalidate(bucket, key)
         if callback is not None:
@@ -253,6 +267,8 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         dst_bucket, dst_key = self.split_path(path2)
         if self.info(path1)["type"] == "directory":
             return
+        self.flush(f"{src_bucket}/{src_key}")  # a server-side copy needs the source uploaded
+        self._cancel_pending(dst_bucket, dst_key)
         self.store.copy(src_bucket, src_key, dst_bucket, dst_key)
         self.read_path.invalidate(dst_bucket, dst_key)
 
@@ -281,6 +297,8 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
 
     def _delete(self, bucket: str, keys: Iterable[str]) -> None:
         keys = list(keys)
+        for key in keys:
+            self._cancel_pending(bucket, key)
         self.store.delete(bucket, keys)
         for key in keys:
             self.read_path.invalidate(bucket, key)
@@ -308,6 +326,71 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         bucket, key = self.split_path(path)
         if not key:
             self.store.delete_bucket(bucket)
+
+    # -- write-behind ------------------------------------------------------------------------
+
+    def flush(self, path: str = "", timeout: float | None = None) -> None:
+        """Wait until everything written behind under ``path`` (default: all) is in the store.
+
+        ``path`` is an object or a prefix (``bucket/checkpoints/step-100``). Raises
+        ``CacheTimeoutError`` after ``timeout`` seconds, naming what is still pending.
+        """
+        prefix = self._strip_protocol(path) if path else ""
+        self._runtime.write_behind.flush(prefix, timeout)
+
+    def pending(self, path: str = "") -> list[dict[str, Any]]:
+        """Objects written behind and not yet uploaded: path, bytes, age, attempts, last error."""
+        prefix = self._strip_protocol(path) if path else ""
+        now = time.time()
+        rows = []
+        for record in self._runtime.write_behind.pending(prefix):
+            attempts, error = self._runtime.uploader.last_error(record.entry_id)
+            rows.append(
+                {
+                    "name": f"{record.bucket}/{record.key}",
+                    "size": record.size,
+                    "age_s": round(now - record.created_at, 3),
+                    "attempts": attempts,
+                    "last_error": error,
+                }
+            )
+        return rows
+
+    def _pending_under(self, bucket: str, prefix: str) -> bool:
+        return bool(self._runtime.write_behind.pending(f"{bucket}/{prefix}"))
+
+    def _pending_rows(self, bucket: str, prefix: str, nested: bool) -> list[dict[str, Any]]:
+        """Listing rows for pending writes under ``prefix``: files, or directories above them."""
+        rows = []
+        for record in self._runtime.write_behind.pending(f"{bucket}/{prefix}"):
+            rest = record.key[len(prefix) :]
+            if not nested and "/" in rest:
+                name = f"{bucket}/{prefix}{rest.split('/', 1)[0]}"
+                rows.append({"name": name, "type": "directory", "size": 0})
+            else:
+                rows.append(
+                    {
+                        "name": f"{bucket}/{record.key}",
+                        "type": "file",
+                        "size": record.size,
+                        "pending": True,
+                    }
+                )
+        return rows
+
+    def _cancel_pending(self, bucket: str, key: str) -> None:
+        """Drop a pending upload (waiting for one in flight): a newer write or a delete wins."""
+        journal = self._runtime.journal
+        entry_id = self.read_path.entry_id(bucket, key)
+        if journal.get(entry_id) is None:
+            return
+        claim = journal.claim(entry_id, self.config.lock_timeout)
+        try:
+            if journal.remove(entry_id):
+                self._stats.add("uploads_cancelled")
+        finally:
+            journal.release(claim)
+        self.read_path.invalidate(bucket, key)
 
     # -- the cache ---------------------------------------------------------------------------
 
@@ -359,6 +442,16 @@ def _entry_dict(entry: ListEntry) -> dict[str, Any]:
         "ETag": entry.etag,
         "mtime": entry.last_modified,
     }
+
+
+def _merge_rows(
+    listed: list[dict[str, Any]], pending: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Store rows plus pending writes; a pending file replaces the stored one of its name."""
+    merged = {(r["name"], r["type"]): r for r in listed}
+    for row in pending:
+        merged[(row["name"], row["type"])] = row
+    return list(merged.values())
 
 
 def _add_parent_dirs(found: dict[str, dict[str, Any]], root: str, name: str) -> None:

@@ -105,6 +105,8 @@ class ReadPath:
     def _validate(self, entry: CachedEntry, bucket: str, key: str) -> CachedEntry | None:
         mode = self._config.consistency
         now = time.time()
+        if entry.meta.state == "dirty":
+            return entry  # our own write, not yet in the store: the store cannot judge it
         if mode == "immutable" or (
             mode == "ttl" and now - entry.meta.validated_at < self._config.ttl
         ):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiercache.config import TierCacheConfig
+from tiercache.journal import Journal
 from tiercache.read_path import ReadPath
 from tiercache.stats import Stats
 from tiercache.store.base import ObjectStore
@@ -21,6 +22,9 @@ from tiercache.store.retry import RetryPolicy
 from tiercache.store.s3 import S3Store
 from tiercache.store.s3_options import S3Options
 from tiercache.tiers.local import LocalTier
+from tiercache.uploader import Uploader
+from tiercache.write_behind import WriteBehind
+from tiercache.write_through import WriteThrough
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,10 @@ class CacheRuntime:
     tier: LocalTier
     read_path: ReadPath
     stats: Stats
+    journal: Journal
+    uploader: Uploader
+    write_behind: WriteBehind
+    write_through: WriteThrough
 
 
 # Weak: a runtime lives as long as some filesystem instance uses it.
@@ -62,7 +70,21 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
         dir_mode=config.dir_mode,
     )
     stats = Stats()
-    return CacheRuntime(config, store, tier, ReadPath(config, tier, store, stats), stats)
+    journal = Journal(tier.root, config.file_mode, config.dir_mode)
+    uploader = Uploader(config, tier, journal, store, stats)
+    if journal.records():
+        uploader.start()  # finish what a crashed or exited process left in the journal
+    return CacheRuntime(
+        config=config,
+        store=store,
+        tier=tier,
+        read_path=ReadPath(config, tier, store, stats),
+        stats=stats,
+        journal=journal,
+        uploader=uploader,
+        write_behind=WriteBehind(config, tier, journal, uploader, stats, store.namespace),
+        write_through=WriteThrough(store, tier, stats, config.lock_timeout),
+    )
 
 
 def _s3_store(config: TierCacheConfig, options: S3Options) -> S3Store:

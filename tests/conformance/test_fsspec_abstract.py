@@ -33,13 +33,15 @@ def _on_bundled_server(cls: type, names: list[str]) -> type:
 
 class TierCacheFixtures(abstract.AbstractFixtures):
     @pytest.fixture
-    def fs(self, s3: Any, tmp_path: Path) -> TierCacheFileSystem:
-        return TierCacheFileSystem(
+    def fs(self, s3: Any, tmp_path: Path) -> Iterator[TierCacheFileSystem]:
+        fs = TierCacheFileSystem(
             target_options=s3.target_options(),
             local_dir=str(tmp_path / "tier"),
             consistency="always",
             skip_instance_cache=True,
         )
+        yield fs
+        fs.flush(timeout=60)  # writes are behind by default: land them before the bucket goes
 
     @pytest.fixture
     def fs_join(self) -> Any:

@@ -1,4 +1,4 @@
-"""Writes go straight to the store; the written bytes become the cache entry (read-your-writes)."""
+"""write_mode="through": writes reach the store before close() returns; bytes become the entry."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ MiB = 1024 * 1024
 
 
 def test_write_then_read_back_without_a_download(make_fs: Any, s3_client: Any, bucket: str) -> None:
-    fs = make_fs(part_size=5 * MiB)
+    fs = make_fs(part_size=5 * MiB, write_mode="through")
     data = os.urandom(12 * MiB + 3)  # above the part size: a parallel multipart upload
     with fs.open(f"{bucket}/ckpt/model.bin", "wb") as f:
         for i in range(0, len(data), MiB):
@@ -28,7 +28,7 @@ def test_write_then_read_back_without_a_download(make_fs: Any, s3_client: Any, b
 
 
 def test_failed_with_block_uploads_nothing(make_fs: Any, s3_client: Any, bucket: str) -> None:
-    fs = make_fs()
+    fs = make_fs(write_mode="through")
     with pytest.raises(RuntimeError), fs.open(f"{bucket}/half.bin", "wb") as f:
         f.write(b"partial")
         raise RuntimeError("training crashed")
@@ -37,7 +37,7 @@ def test_failed_with_block_uploads_nothing(make_fs: Any, s3_client: Any, bucket:
 
 
 def test_overwrite_invalidates_cached_copy(make_fs: Any, bucket: str) -> None:
-    fs = make_fs(consistency="immutable")
+    fs = make_fs(consistency="immutable", write_mode="through")
     fs.pipe_file(f"{bucket}/k", b"one")
     assert fs.cat(f"{bucket}/k") == b"one"
     fs.wait_fetches()
@@ -49,7 +49,7 @@ def test_overwrite_invalidates_cached_copy(make_fs: Any, bucket: str) -> None:
 
 
 def test_text_mode_round_trip(make_fs: Any, bucket: str) -> None:
-    fs = make_fs()
+    fs = make_fs(write_mode="through")
     with fs.open(f"{bucket}/notes.txt", "w") as f:
         f.write("h\u00e9llo\nw\u00f6rld\n")
     with fs.open(f"{bucket}/notes.txt", "r") as f:
@@ -57,7 +57,7 @@ def test_text_mode_round_trip(make_fs: Any, bucket: str) -> None:
 
 
 def test_put_copy_remove(make_fs: Any, bucket: str, tmp_path: Path) -> None:
-    fs = make_fs()
+    fs = make_fs(write_mode="through")
     local = tmp_path / "up.bin"
     local.write_bytes(os.urandom(MiB))
     fs.put_file(str(local), f"{bucket}/up.bin")
@@ -72,14 +72,14 @@ def test_put_copy_remove(make_fs: Any, bucket: str, tmp_path: Path) -> None:
 
 
 def test_exclusive_create(make_fs: Any, bucket: str) -> None:
-    fs = make_fs()
+    fs = make_fs(write_mode="through")
     fs.pipe_file(f"{bucket}/once", b"1")
     with pytest.raises(FileExistsError):
         fs.open(f"{bucket}/once", "xb")
 
 
 def test_bucket_create_and_remove(make_fs: Any, s3_client: Any) -> None:
-    fs = make_fs()
+    fs = make_fs(write_mode="through")
     name = "tc-mkdir-" + os.urandom(4).hex()
     fs.mkdir(name)
     assert name in fs.ls("", detail=False)

@@ -39,6 +39,7 @@ class EntryMeta:
     last_modified: float | None = None
     state: Literal["clean", "dirty"] = "clean"
     boot_id: str = ""
+    generation: int = 0
     version: int = META_VERSION
 
     @classmethod
@@ -76,6 +77,7 @@ class EntryMeta:
             and isinstance(meta.digest, str)
             and meta.state in ("clean", "dirty")
             and isinstance(meta.boot_id, str)
+            and isinstance(meta.generation, int)
         )
         return meta if valid else None
 

@@ -198,20 +198,29 @@ class LocalTier:
         return os.open(paths.part, flags, self.file_mode)
 
     def publish(
-        self, paths: EntryPaths, fd: int, meta: EntryMeta, src: str | None = None
+        self,
+        paths: EntryPaths,
+        fd: int,
+        meta: EntryMeta,
+        src: str | None = None,
+        durable: bool = False,
     ) -> CachedEntry:
         """Make the part file (or the staged file ``src``) the entry's data; hold the entry lock.
 
         The meta is removed first and written last, so a crash at any point leaves the old
-        entry, no entry, or the new one. Data is fsynced only where there is no boot id to
-        detect a power loss with (see ``current_boot_id``).
+        entry, no entry, or the new one. A clean entry is fsynced only where there is no boot
+        id to detect a power loss with (see ``current_boot_id``); ``durable`` (dirty data
+        that exists nowhere else) fsyncs data, meta and directory.
         """
-        if not self.boot_id:
+        durable = durable or not self.boot_id
+        if durable:
             os.fsync(fd)
         meta = dataclasses.replace(meta, boot_id=self.boot_id)
         _remove(paths.meta)
         os.rename(src or paths.part, paths.data)
-        write_atomically(paths.meta, meta.to_json(), self.file_mode, durable=not self.boot_id)
+        write_atomically(paths.meta, meta.to_json(), self.file_mode, durable=durable)
+        if durable:
+            fsync_dir(os.path.dirname(paths.data))
         with self._lock:
             if self._scan_cache is not None:
                 stamp, usage = self._scan_cache
@@ -324,6 +333,15 @@ class LocalTier:
 def _remove(path: str) -> None:
     with suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def fsync_dir(path: str) -> None:
+    """Make a rename or unlink in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _require_real_dir(path: str, root: str) -> None:

@@ -1,0 +1,131 @@
+"""``StagedWriteFile``: ``open(..., "wb")`` stages bytes in the tier; a committer takes them.
+
+Bytes go to a file in the tier's staging area while their xxh3 digest is computed; on
+``close()`` the committer (``write_through`` or ``write_behind``) sends them on. If the
+``with`` block raises, nothing is committed: a half-written object never reaches the store.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import xxhash
+
+from tiercache.tiers.local import LocalTier
+
+
+@dataclass(frozen=True)
+class StagedObject:
+    """A finished write, fsynced, waiting for its committer."""
+
+    bucket: str
+    key: str
+    source: str
+    entry_id: str
+    path: str
+    fd: int
+    size: int
+    digest: str
+
+
+Committer = Callable[[StagedObject], dict[str, Any]]
+
+
+class StagedWriteFile(io.RawIOBase):
+    """A write-only binary file whose ``close()`` hands the bytes to a committer."""
+
+    def __init__(
+        self,
+        path: str,
+        bucket: str,
+        key: str,
+        *,
+        tier: LocalTier,
+        entry_id: str,
+        source: str,
+        commit: Committer,
+    ) -> None:
+        super().__init__()
+        self.path = path
+        self.name = path
+        self.mode = "wb"
+        self._bucket = bucket
+        self._key = key
+        self._entry_id = entry_id
+        self._source = source
+        self._commit = commit
+        self._staged = tier.staging_path(entry_id)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        self._fd = os.open(self._staged, flags, tier.file_mode)
+        self._hasher = xxhash.xxh3_64()
+        self._size = 0
+        self.info: dict[str, Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"<StagedWriteFile {self.path!r} written={self._size}>"
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._size
+
+    def write(self, data: Any) -> int:
+        self._checkClosed()
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            done += os.write(self._fd, view[done:])
+        self._hasher.update(view)
+        self._size += done
+        return done
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            os.fsync(self._fd)
+            self.info = self._commit(
+                StagedObject(
+                    self._bucket,
+                    self._key,
+                    self._source,
+                    self._entry_id,
+                    self._staged,
+                    self._fd,
+                    self._size,
+                    self._hasher.hexdigest(),
+                )
+            )
+        finally:
+            self._cleanup()
+            super().close()
+
+    def discard(self) -> None:
+        """Close without committing anything."""
+        if not self.closed:
+            self._cleanup()
+            super().close()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            self.discard()
+        else:
+            self.close()
+
+    def _cleanup(self) -> None:
+        os.close(self._fd)
+        try:
+            os.unlink(self._staged)
+        except FileNotFoundError:
+            pass  # the committer moved it into the tier

@@ -1,0 +1,273 @@
+"""``Uploader``: background threads that drain the write-behind journal into the store.
+
+Each pending object is uploaded by whoever holds its claim (``Journal.try_claim``), from a
+hard link of the exact generation recorded, after its bytes were checked against the
+recorded xxh3 digest. A commit marker (DCP's ``.metadata`` by default) waits until no other
+object under its directory is pending. Failures are retried with backoff until they succeed
+or ``upload_deadline`` passes; the record stays in the journal either way until it succeeds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import posixpath
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+
+import xxhash
+
+from tiercache import forksafe
+from tiercache.config import TierCacheConfig
+from tiercache.errors import CacheCorruptError
+from tiercache.journal import Journal, JournalRecord
+from tiercache.stats import Stats
+from tiercache.store.base import ObjectInfo, ObjectStore
+from tiercache.store.retry import RetryPolicy
+from tiercache.tiers.local import LocalTier
+
+log = logging.getLogger("tiercache.uploader")
+
+DIGEST_METADATA_KEY = "tiercache-xxh3"
+_SCAN_INTERVAL = 1.0
+
+
+@dataclass
+class _Attempts:
+    count: int = 0
+    not_before: float = 0.0
+    last_error: str = ""
+
+
+class Uploader:
+    """Uploads the journal's records from this process, resuming those of dead processes."""
+
+    def __init__(
+        self,
+        config: TierCacheConfig,
+        tier: LocalTier,
+        journal: Journal,
+        store: ObjectStore,
+        stats: Stats,
+    ) -> None:
+        self._config = config
+        self._tier = tier
+        self._journal = journal
+        self._store = store
+        self._stats = stats
+        self._backoff = RetryPolicy(attempts=1, base_delay=0.2, max_delay=30.0)
+        self._reset()
+        forksafe.register(self)
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition()
+        self._queue: list[str] = []
+        self._attempts: dict[str, _Attempts] = {}
+        self._forced: set[str] = set()
+        self._started = False
+
+    def after_fork(self) -> None:
+        self._reset()  # the parent's threads do not exist here
+
+    # -- the API -------------------------------------------------------------------------
+
+    def submit(self, entry_id: str) -> None:
+        """Upload this object soon (its record is already in the journal)."""
+        self.start()
+        with self._cond:
+            if entry_id not in self._queue:
+                self._queue.append(entry_id)
+            self._cond.notify_all()
+
+    def start(self) -> None:
+        """Start the worker and scanner threads once per process."""
+        with self._cond:
+            if self._started:
+                return
+            self._started = True
+        for i in range(self._config.upload_workers):
+            threading.Thread(target=self._work, name=f"tiercache-upload-{i}", daemon=True).start()
+        threading.Thread(target=self._scan, name="tiercache-upload-scan", daemon=True).start()
+
+    def last_error(self, entry_id: str) -> tuple[int, str]:
+        """Attempts so far and the last error of one object, as seen by this process."""
+        with self._cond:
+            attempts = self._attempts.get(entry_id, _Attempts())
+            return attempts.count, attempts.last_error
+
+    # -- threads -------------------------------------------------------------------------
+
+    def _scan(self) -> None:
+        """Pick up records this process did not write: crashed writers, earlier runs."""
+        while True:
+            now = time.time()
+            for record in self._journal.records():
+                with self._cond:
+                    attempts = self._attempts.get(record.entry_id)
+                    due = attempts is None or attempts.not_before <= now
+                    if due and record.entry_id not in self._queue:
+                        self._queue.append(record.entry_id)
+                        self._cond.notify_all()
+            time.sleep(_SCAN_INTERVAL)
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._queue))
+                entry_id = self._queue.pop(0)
+            try:
+                self._upload_one(entry_id)
+            except Exception as exc:  # recorded and retried: an upload error is never fatal
+                self._failed(entry_id, exc)
+            else:
+                with self._cond:
+                    self._attempts.pop(entry_id, None)
+
+    def _failed(self, entry_id: str, exc: Exception) -> None:
+        self._stats.add("upload_errors")
+        with self._cond:
+            attempts = self._attempts.setdefault(entry_id, _Attempts())
+            attempts.count += 1
+            attempts.last_error = f"{type(exc).__name__}: {exc}"
+            attempts.not_before = time.time() + self._backoff.delay(min(attempts.count, 10))
+        log.warning("upload of %s failed (attempt %d): %s", entry_id[:12], attempts.count, exc)
+
+    # -- one upload ----------------------------------------------------------------------
+
+    def _upload_one(self, entry_id: str) -> None:
+        claim = self._journal.try_claim(entry_id)
+        if claim is None:
+            return  # another thread or process is uploading it
+        try:
+            record = self._journal.get(entry_id)
+            if record is None:
+                return
+            if self._past_deadline(record):
+                self._give_up(entry_id)
+                return
+            if self._waits_for_siblings(record):
+                self._defer(entry_id)
+                return
+            info = self._upload_generation(record)
+            if info is not None:
+                self._mark_clean(record, info)
+        finally:
+            self._journal.release(claim)
+
+    def _past_deadline(self, record: JournalRecord) -> bool:
+        deadline = self._config.upload_deadline
+        with self._cond:
+            forced = record.entry_id in self._forced
+        return not forced and deadline is not None and time.time() - record.created_at > deadline
+
+    def _waits_for_siblings(self, record: JournalRecord) -> bool:
+        """A commit marker goes last: wait while anything else under its directory is pending."""
+        if posixpath.basename(record.key) != self._config.commit_marker:
+            return False
+        directory = posixpath.dirname(record.key)
+        prefix = f"{directory}/" if directory else ""
+        return any(
+            other.bucket == record.bucket
+            and other.key.startswith(prefix)
+            and posixpath.basename(other.key) != self._config.commit_marker
+            for other in self._journal.records()
+        )
+
+    def _give_up(self, entry_id: str) -> None:
+        """Past the deadline: stop retrying here; the record stays for ``flush`` to finish."""
+        with self._cond:
+            attempts = self._attempts.setdefault(entry_id, _Attempts())
+            attempts.not_before = float("inf")
+            attempts.last_error = (
+                f"upload deadline passed ({attempts.last_error or 'no error recorded'}); "
+                "the object stays dirty until `tiercache flush` uploads it"
+            )
+
+    def retry_now(self, entry_ids: list[str]) -> None:
+        """Forget backoff and deadlines for these objects and queue them (a flush asked)."""
+        self.start()
+        with self._cond:
+            for entry_id in entry_ids:
+                attempts = self._attempts.get(entry_id)
+                if attempts is not None:
+                    attempts.not_before = 0.0
+                if entry_id not in self._queue:
+                    self._queue.append(entry_id)
+            self._forced.update(entry_ids)
+            self._cond.notify_all()
+
+    def _defer(self, entry_id: str) -> None:
+        with self._cond:
+            attempts = self._attempts.setdefault(entry_id, _Attempts())
+            attempts.not_before = time.time() + 0.05
+            attempts.last_error = "waiting for the other files of its directory"
+
+    def _upload_generation(self, record: JournalRecord) -> ObjectInfo | None:
+        """Upload the recorded generation's bytes; None if they no longer exist anywhere."""
+        link = self._journal.upload_link(record.entry_id, record.generation)
+        if not self._link_bytes(record, link):
+            self._journal.remove(record.entry_id, record.generation)  # close() never finished
+            return None
+        try:
+            if _xxh3_of(link) != record.digest:
+                raise CacheCorruptError(
+                    f"{record.source}: the staged bytes no longer match their digest; "
+                    "refusing to upload them"
+                )
+            return self._store.upload_file(
+                record.bucket, record.key, link, metadata={DIGEST_METADATA_KEY: record.digest}
+            )
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(link)
+
+    def _link_bytes(self, record: JournalRecord, link: str) -> bool:
+        """Hard-link the bytes of exactly this generation, so an overwrite cannot mix in."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(link)
+        entry = self._tier.lookup(record.entry_id, record.namespace, record.source)
+        candidates = []
+        if entry is not None and entry.meta.generation == record.generation:
+            candidates.append(entry.paths.data)
+        candidates.append(record.staged)
+        for path in candidates:
+            try:
+                os.link(path, link, follow_symlinks=False)
+                return True
+            except FileNotFoundError:
+                continue
+            except OSError:  # no hard links here: copy (the entry lock keeps it stable)
+                with self._tier.entry_lock(record.entry_id, self._config.lock_timeout):
+                    if os.path.exists(path):
+                        shutil.copyfile(path, link, follow_symlinks=False)
+                        return True
+        return False
+
+    def _mark_clean(self, record: JournalRecord, info: ObjectInfo) -> None:
+        with self._tier.entry_lock(record.entry_id, self._config.lock_timeout):
+            entry = self._tier.lookup(record.entry_id, record.namespace, record.source)
+            if entry is not None and entry.meta.generation == record.generation:
+                now = time.time()
+                meta = dataclasses.replace(
+                    entry.meta,
+                    state="clean",
+                    etag=info.etag,
+                    validated_at=now,
+                    last_modified=info.last_modified or now,
+                )
+                self._tier.replace_meta(entry, meta)
+            self._journal.remove(record.entry_id, record.generation)
+        self._stats.add("uploads")
+        self._stats.add("bytes_uploaded", record.size)
+
+
+def _xxh3_of(path: str) -> str:
+    hasher = xxhash.xxh3_64()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            hasher.update(chunk)
+    return hasher.hexdigest()
