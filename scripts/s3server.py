@@ -312,6 +312,9 @@ def _is_healthy(port: int, access_key: str, secret_key: str, region: str) -> boo
 
 def _port_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As weed (Go) does for its listeners: a port whose old connections linger in
+        # TIME_WAIT, e.g. right after a restart on the same port, is free to listen on.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((HOST, port))
         except OSError:
