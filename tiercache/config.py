@@ -87,6 +87,8 @@ class TierCacheConfig:
             directory (DCP's ``.metadata``), so a checkpoint appears complete or not at all.
         exit_flush_timeout: seconds the interpreter waits at exit for pending uploads before
             leaving them to the journal (the next process or ``tiercache flush``).
+        keep_checkpoints: eviction keeps the files of this many newest committed checkpoints
+            (directories whose ``commit_marker`` was uploaded), for a fast restart.
     """
 
     local_dir: str = dataclasses.field(default_factory=default_local_dir)
@@ -106,6 +108,7 @@ class TierCacheConfig:
     upload_deadline: float | None = None
     commit_marker: str = ".metadata"
     exit_flush_timeout: float = 60.0
+    keep_checkpoints: int = 2
 
     def __post_init__(self) -> None:
         if not isinstance(self.local_dir, str) or not self.local_dir:
@@ -136,6 +139,7 @@ class TierCacheConfig:
         if not isinstance(self.commit_marker, str) or "/" in self.commit_marker:
             raise ConfigError("commit_marker must be a file name without '/'")
         _require_number("exit_flush_timeout", self.exit_flush_timeout, minimum=0.0)
+        _require_int("keep_checkpoints", self.keep_checkpoints, minimum=0, maximum=1000)
 
     @property
     def dirty_budget(self) -> int:
@@ -176,7 +180,7 @@ class TierCacheConfig:
 
 
 _SIZE_FIELDS = {"local_max_bytes", "part_size", "dirty_max_bytes"}
-_INT_FIELDS = {"fetch_concurrency", "retries", "upload_workers"}
+_INT_FIELDS = {"fetch_concurrency", "retries", "upload_workers", "keep_checkpoints"}
 _FLOAT_FIELDS = {
     "ttl",
     "lock_timeout",

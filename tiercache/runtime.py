@@ -13,6 +13,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from tiercache.checkpoints import CheckpointRegistry
 from tiercache.config import TierCacheConfig
 from tiercache.journal import Journal
 from tiercache.read_path import ReadPath
@@ -71,7 +72,11 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
     )
     stats = Stats()
     journal = Journal(tier.root, config.file_mode, config.dir_mode)
-    uploader = Uploader(config, tier, journal, store, stats)
+    checkpoints = CheckpointRegistry(
+        tier.root, config.keep_checkpoints, config.file_mode, config.dir_mode
+    )
+    tier.keep = checkpoints.keeps
+    uploader = Uploader(config, tier, journal, store, stats, checkpoints)
     if journal.records():
         uploader.start()  # finish what a crashed or exited process left in the journal
     return CacheRuntime(

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import xxhash
 
 from tiercache import forksafe
+from tiercache.checkpoints import CheckpointRegistry
 from tiercache.config import TierCacheConfig
 from tiercache.errors import CacheCorruptError
 from tiercache.journal import Journal, JournalRecord
@@ -53,8 +54,10 @@ class Uploader:
         journal: Journal,
         store: ObjectStore,
         stats: Stats,
+        checkpoints: CheckpointRegistry,
     ) -> None:
         self._config = config
+        self._checkpoints = checkpoints
         self._tier = tier
         self._journal = journal
         self._store = store
@@ -261,6 +264,8 @@ class Uploader:
                 )
                 self._tier.replace_meta(entry, meta)
             self._journal.remove(record.entry_id, record.generation)
+        if posixpath.basename(record.key) == self._config.commit_marker:
+            self._checkpoints.committed(record.bucket, posixpath.dirname(record.key))
         self._stats.add("uploads")
         self._stats.add("bytes_uploaded", record.size)
 

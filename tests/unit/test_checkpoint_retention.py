@@ -1,0 +1,58 @@
+"""Write-behind with an in-memory store: newest checkpoints stay local, the journal is robust."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tiercache import MemoryStore, TierCacheFileSystem
+from tiercache.journal import JournalRecord
+
+
+def _fs(tmp_path: Path, store: MemoryStore, **options: object) -> TierCacheFileSystem:
+    return TierCacheFileSystem(
+        store=store, local_dir=str(tmp_path / "t"), skip_instance_cache=True, **options
+    )
+
+
+def _checkpoint(fs: TierCacheFileSystem, step: int) -> list[str]:
+    paths = [f"b/ckpt/step-{step}/shard-{i}.distcp" for i in range(2)]
+    for path in paths:
+        with fs.open(path, "wb") as f:
+            f.write(b"x" * 1000)
+    with fs.open(f"b/ckpt/step-{step}/.metadata", "wb") as f:
+        f.write(b"meta")
+    fs.flush(f"b/ckpt/step-{step}", timeout=30)
+    return [*paths, f"b/ckpt/step-{step}/.metadata"]
+
+
+def test_newest_checkpoints_survive_eviction(tmp_path: Path) -> None:
+    store = MemoryStore(["b"])
+    fs = _fs(tmp_path, store, keep_checkpoints=2)
+    steps = {step: _checkpoint(fs, step) for step in (1, 2, 3)}
+    report = fs.evict(0)
+    assert not any(fs.is_cached(p) for p in steps[1])
+    assert all(fs.is_cached(p) for p in steps[2] + steps[3])
+    assert report.kept_busy == 6
+    assert store.request_counts()["PutObject"] == 9
+
+
+def test_keep_zero_evicts_every_clean_entry(tmp_path: Path) -> None:
+    store = MemoryStore(["b"])
+    fs = _fs(tmp_path, store, keep_checkpoints=0)
+    paths = _checkpoint(fs, 1)
+    fs.evict(0)
+    assert not any(fs.is_cached(p) for p in paths)
+    assert fs.cat("b/ckpt/step-1/.metadata") == b"meta"  # still readable from the store
+
+
+def test_garbage_in_the_journal_is_ignored(tmp_path: Path) -> None:
+    store = MemoryStore(["b"])
+    fs = _fs(tmp_path, store)
+    journal_dir = Path(fs.tier.root) / "journal"
+    (journal_dir / ("0" * 64 + ".json")).write_bytes(b"{torn")
+    assert fs.pending() == []
+    assert JournalRecord.from_json(b"[]") is None
+    with fs.open("b/k", "wb") as f:
+        f.write(b"value")
+    fs.flush(timeout=30)
+    assert store.request_counts()["PutObject"] == 1
