@@ -16,6 +16,7 @@ import time
 import weakref
 from typing import Any
 
+from tiercache import forksafe
 from tiercache.config import TierCacheConfig
 from tiercache.errors import CacheTimeoutError
 from tiercache.journal import Journal, JournalRecord
@@ -50,6 +51,12 @@ class WriteBehind:
         self._written_here: dict[str, int] = {}  # entry id -> generation, for the exit wait
         self._lock = threading.Lock()
         _live.add(self)
+        forksafe.register(self)
+
+    def after_fork(self) -> None:
+        """A child waits at exit only for what it wrote itself."""
+        self._written_here = {}
+        self._lock = threading.Lock()
 
     def __call__(self, staged: StagedObject) -> dict[str, Any]:
         self._wait_for_room(staged)
