@@ -11,5 +11,13 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
   -c "$ROOT/scripts/constraints.txt" -e "$ROOT[dev]"
+# The PyTorch adapters' tests need torch. PyPI's default Linux build drags in gigabytes of
+# CUDA libraries, so only a CPU wheel found locally is installed; without one those tests
+# are skipped, and say so.
+TORCH_WHEEL=$(ls /opt/wheels/torch-*+cpu-cp3*-manylinux*_x86_64.whl 2>/dev/null | head -n 1 || true)
+if [ -n "$TORCH_WHEEL" ] && ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+    -c "$ROOT/scripts/constraints.txt" "$TORCH_WHEEL"
+fi
 "$VENV/bin/python" "$ROOT/scripts/s3server.py" install >/dev/null
 export PATH="$VENV/bin:$PATH"

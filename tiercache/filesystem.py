@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -266,6 +267,14 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         src_bucket, src_key = self.split_path(path1)
         dst_bucket, dst_key = self.split_path(path2)
         if self.info(path1)["type"] == "directory":
+            return
+        source = self.read_path.cached(src_bucket, src_key)
+        if self.config.write_mode == "behind" and source and source.meta.state == "dirty":
+            # The source is not in the store yet: copy it locally and journal the copy. A
+            # commit marker made by a rename (DCP: .metadata.tmp -> .metadata) then waits for
+            # the rest of its directory like a written one.
+            with self.open(path1, "rb") as src, self.open(path2, "wb") as dst:
+                shutil.copyfileobj(src, dst, 8 << 20)
             return
         self.flush(f"{src_bucket}/{src_key}")  # a server-side copy needs the source uploaded
         self._cancel_pending(dst_bucket, dst_key)

@@ -16,6 +16,7 @@ from typing import Any
 
 import xxhash
 
+from tiercache.digest import xxh3_file
 from tiercache.tiers.local import LocalTier
 
 
@@ -64,6 +65,7 @@ class StagedWriteFile(io.RawIOBase):
         self._fd = os.open(self._staged, flags, tier.file_mode)
         self._hasher = xxhash.xxh3_64()
         self._size = 0
+        self._fd_exposed = False
         self.info: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
@@ -74,6 +76,16 @@ class StagedWriteFile(io.RawIOBase):
 
     def tell(self) -> int:
         return self._size
+
+    def fileno(self) -> int:
+        """The staged file's descriptor (for ``os.fsync`` by frameworks such as DCP).
+
+        Bytes written through it bypass the running digest, so once it has been handed out
+        ``close()`` hashes the staged file instead.
+        """
+        self._checkClosed()
+        self._fd_exposed = True
+        return self._fd
 
     def write(self, data: Any) -> int:
         self._checkClosed()
@@ -90,6 +102,9 @@ class StagedWriteFile(io.RawIOBase):
             return
         try:
             os.fsync(self._fd)
+            size, digest = self._size, self._hasher.hexdigest()
+            if self._fd_exposed:
+                size, digest = xxh3_file(self._staged)
             self.info = self._commit(
                 StagedObject(
                     self._bucket,
@@ -98,8 +113,8 @@ class StagedWriteFile(io.RawIOBase):
                     self._entry_id,
                     self._staged,
                     self._fd,
-                    self._size,
-                    self._hasher.hexdigest(),
+                    size,
+                    digest,
                 )
             )
         finally:

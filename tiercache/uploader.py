@@ -19,11 +19,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-import xxhash
-
 from tiercache import forksafe
 from tiercache.checkpoints import CheckpointRegistry
 from tiercache.config import TierCacheConfig
+from tiercache.digest import xxh3_file
 from tiercache.errors import CacheCorruptError
 from tiercache.journal import Journal, JournalRecord
 from tiercache.stats import Stats
@@ -216,7 +215,7 @@ class Uploader:
             self._journal.remove(record.entry_id, record.generation)  # close() never finished
             return None
         try:
-            if _xxh3_of(link) != record.digest:
+            if xxh3_file(link) != (record.size, record.digest):
                 raise CacheCorruptError(
                     f"{record.source}: the staged bytes no longer match their digest; "
                     "refusing to upload them"
@@ -268,11 +267,3 @@ class Uploader:
             self._checkpoints.committed(record.bucket, posixpath.dirname(record.key))
         self._stats.add("uploads")
         self._stats.add("bytes_uploaded", record.size)
-
-
-def _xxh3_of(path: str) -> str:
-    hasher = xxhash.xxh3_64()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            hasher.update(chunk)
-    return hasher.hexdigest()

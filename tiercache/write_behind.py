@@ -118,12 +118,22 @@ class WriteBehind:
     def exit_flush_timeout(self) -> float:
         return self._config.exit_flush_timeout
 
-    def pending(self, prefix: str = "") -> list[JournalRecord]:
-        """Records whose ``bucket/key`` starts with ``prefix``."""
-        return [r for r in self._journal.records() if f"{r.bucket}/{r.key}".startswith(prefix)]
+    def pending(self, path: str = "") -> list[JournalRecord]:
+        """Records of ``path``: "" is everything, ``a/b/`` everything below it, ``a/b`` that
+        object and everything below ``a/b/`` (so ``step-1`` does not match ``step-10``)."""
+        records = self._journal.records()
+        if not path or path.endswith("/"):
+            return [r for r in records if f"{r.bucket}/{r.key}".startswith(path)]
+        return [
+            r
+            for r in records
+            if f"{r.bucket}/{r.key}" == path or f"{r.bucket}/{r.key}".startswith(path + "/")
+        ]
 
     def flush(self, prefix: str = "", timeout: float | None = None) -> None:
-        """Upload everything pending under ``prefix`` (deadlines ignored) and wait for it."""
+        """Upload everything pending under ``prefix`` (see ``pending``) and wait for it.
+
+        Deadlines are ignored: a flush retries what the background uploader gave up on."""
         deadline = None if timeout is None else time.monotonic() + timeout
         self._uploader.retry_now([r.entry_id for r in self.pending(prefix)])
         while remaining := self.pending(prefix):

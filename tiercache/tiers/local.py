@@ -27,9 +27,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
-import xxhash
-
 from tiercache import forksafe
+from tiercache.digest import xxh3_file
 from tiercache.tiers.entry import (
     CachedEntry,
     EntryMeta,
@@ -155,17 +154,11 @@ class LocalTier:
 
     def check_digest(self, entry: CachedEntry) -> CachedEntry | None:
         """Verify an entry's bytes against its xxh3 digest; re-stamp it, or drop it if corrupt."""
-        hasher = xxhash.xxh3_64()
         try:
-            fd = os.open(entry.paths.data, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            size, digest = xxh3_file(entry.paths.data)
         except OSError:
             return None
-        try:
-            while chunk := os.read(fd, 8 << 20):
-                hasher.update(chunk)
-        finally:
-            os.close(fd)
-        if hasher.hexdigest() != entry.meta.digest:
+        if (size, digest) != (entry.meta.size, entry.meta.digest):
             return None
         return self.replace_meta(entry, dataclasses.replace(entry.meta, boot_id=self.boot_id))
 
