@@ -312,3 +312,51 @@ def test_status_and_flush_commands_finish_a_dead_writers_uploads(
         [*cli, "status", "--json"], env=env, capture_output=True, text=True, timeout=60, check=True
     )
     assert json.loads(after.stdout)["pending_uploads"] == 0
+
+
+def _drain(options: dict[str, Any], local_dir: str, start: Any, out: Any) -> None:
+    fs = TierCacheFileSystem(
+        target_options=options,
+        local_dir=local_dir,
+        retries=2,
+        connect_timeout=1,
+        read_timeout=2,
+        skip_instance_cache=True,
+    )
+    start.wait()
+    fs.flush(timeout=120)
+    out.put(fs.stats()["uploads"])
+
+
+def test_processes_sharing_a_cache_upload_each_file_once(
+    private: PrivateServer,
+    pbucket: str,
+    wb_fs: Callable[..., TierCacheFileSystem],
+    tmp_path: Path,
+) -> None:
+    fs = wb_fs(upload_workers=3)
+    files = {f"{pbucket}/shared/{i}.bin": os.urandom(MiB + i) for i in range(8)}
+    private.server.pause()
+    try:
+        for path, data in files.items():
+            with fs.open(path, "wb") as f:
+                f.write(data)
+        ctx = multiprocessing.get_context("spawn")
+        start, out = ctx.Event(), ctx.Queue()
+        drainers = [
+            ctx.Process(target=_drain, args=(private.options(), str(tmp_path / "tier"), start, out))
+            for _ in range(3)
+        ]
+        for p in drainers:
+            p.start()
+        start.set()
+        time.sleep(1.0)  # everybody is now trying to claim the same records
+    finally:
+        private.server.resume()
+    fs.flush(timeout=120)
+    uploads = [out.get(timeout=120) for _ in drainers] + [fs.stats()["uploads"]]
+    for p in drainers:
+        p.join(60)
+    assert sum(uploads) == len(files)  # each file uploaded by exactly one of the 4 processes
+    for path, data in files.items():
+        assert _stored(private, pbucket, path.split("/", 1)[1]) == data
