@@ -1,0 +1,711 @@
+"""Checkpoint-write benchmark: close() blocking and time-to-durable, tiercache vs local and S3."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import boto3
+import botocore.config
+import fsspec
+import xxhash
+from boto3.s3.transfer import TransferConfig
+
+MiB = 1024 * 1024
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_JSON = REPO / "benchmarks" / "results" / "checkpoint_bench.json"
+CHUNK = 8 * MiB  # write size, as torch.save / DCP file writers issue them
+FLUSH_TIMEOUT_S = 600.0
+MODES = (
+    "local_write_nofsync",
+    "local_write_fsync",
+    "tiercache",
+    "tiercache_through",
+    "fsspec_s3",
+    "boto3_upload_fileobj",
+    "boto3_upload_fileobj_parallel",
+)
+BOTO3_MODES = ("boto3_upload_fileobj", "boto3_upload_fileobj_parallel")
+
+NOTES = (
+    "A checkpoint = --files files of random bytes (generated once, kept in memory), each written "
+    "sequentially in 8 MiB writes; every mode writes the same bytes.",
+    "block_s = wall time from the first open to the last close() returning (the time a training "
+    "step is stalled); durable_s = wall time from the first open until every file is durable: "
+    "on local disk (fsync of files and directory) or in the object store.",
+    "tiercache (write_mode='behind'): durable_s ends when fs.flush(prefix) returns; "
+    "fs.flush polls the journal every 50 ms, so durable_s carries up to 50 ms of polling. "
+    "Afterwards fs.pending() must be [] and every object is read back with plain boto3.",
+    "tiercache_through, fsspec_s3 and the boto3 modes are synchronous: block_s = durable_s.",
+    "write_s = seconds inside write() calls (tiercache hashes with xxh3 there); close_s = seconds "
+    "inside close() (local_write_fsync: fsync + close of each file).",
+    "boto3_upload_fileobj = client.upload_fileobj(io.BytesIO(data)) per file, default "
+    "TransferConfig; _parallel uploads all files at once, one thread each. The durable target "
+    "uses the faster of the two as its baseline.",
+    "boto3 baseline clients use request/response_checksum_calculation/validation="
+    "'when_required', as tiercache's own client does, so neither side computes CRCs; "
+    "fsspec_s3 (s3fs) runs with its defaults.",
+    "Every S3 mode writes under a fresh prefix of one bucket (a new SeaweedFS bucket is a new "
+    "collection whose first write allocates volumes); the bucket is warmed up untimed.",
+    "local_write_nofsync is a calibration, not a target: the same writes with no fsync, i.e. "
+    "the page-cache fill every mode pays. Page-cache fills on this VM are slow and variable "
+    "(read_bench's local_write measured 0.2-2.7 CPU-s per GiB).",
+    "os.sync() runs (untimed) before every mode so that no mode pays another's writeback; "
+    "objects and local files of a mode are deleted (untimed) after they were verified.",
+    "cpu_s = CPU seconds of this process (all threads: uploaders included) and srv_cpu_s = CPU "
+    "seconds of the S3 server it started, both over the timed section (to durable).",
+    "Reported value per mode and column = median over --repeat samples (columns independently).",
+)
+
+
+class VerifyError(Exception):
+    """A mode stored bytes that differ from what was written, or left uploads pending."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the S3 server is and how to sign requests to it."""
+
+    url: str
+    key: str
+    secret: str
+    region: str
+    server_pid: int | None = None  # set when this script started the server
+
+    @property
+    def started_here(self) -> bool:
+        return self.server_pid is not None
+
+    def tiercache_options(self) -> dict[str, Any]:
+        """tiercache's ``target_options`` (s3fs-style storage options)."""
+        return {
+            "endpoint_url": self.url,
+            "key": self.key,
+            "secret": self.secret,
+            "client_kwargs": {"region_name": self.region},
+        }
+
+    def s3fs_options(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "secret": self.secret,
+            "client_kwargs": {"endpoint_url": self.url, "region_name": self.region},
+        }
+
+
+@dataclass(frozen=True)
+class CheckpointFile:
+    name: str
+    data: bytes
+    digest: str
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One timed checkpoint write."""
+
+    block_s: float
+    durable_s: float
+    write_s: float | None = None
+    close_s: float | None = None
+    per_file: tuple[tuple[float, float], ...] = ()  # (write_s, close_s) of each file
+
+
+@dataclass(frozen=True)
+class Sample:
+    timing: Timing
+    cpu_s: float
+    srv_cpu_s: float
+
+
+@dataclass
+class Context:
+    """Everything a timed pass needs."""
+
+    args: argparse.Namespace
+    endpoint: Endpoint
+    client: Any
+    bucket: str
+    files: list[CheckpointFile]
+    tmp: Path
+    samples: dict[str, list[Sample]] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(len(f.data) for f in self.files)
+
+    def fresh_dir(self, label: str) -> Path:
+        return Path(tempfile.mkdtemp(prefix=f"{label}-", dir=self.tmp))
+
+    def fresh_prefix(self, mode: str) -> str:
+        return f"checkpoints/{mode}-{uuid.uuid4().hex[:8]}"
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--files", type=int, default=4, help="files per checkpoint (default 4)")
+    p.add_argument("--total-mib", type=float, default=1024, help="checkpoint MiB (default 1024)")
+    p.add_argument("--repeat", type=int, default=1, help="samples per mode; median is reported")
+    p.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write the results")
+    p.add_argument("--endpoint", help="use this S3 server (credentials from AWS_* env vars)")
+    p.add_argument("--quick", action="store_true", help="4 files, 64 MiB in all: a smoke run")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.files, args.total_mib = 4, 64
+    if args.files < 1 or args.total_mib <= 0 or args.repeat < 1:
+        p.error("--files, --total-mib and --repeat must be positive")
+    if int(args.total_mib * MiB) < args.files:
+        p.error("--total-mib is too small for --files")
+    return args
+
+
+# -- server, client, data ----------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def s3_endpoint(args: argparse.Namespace, tmp: Path) -> Iterator[Endpoint]:
+    """The --endpoint server, or a SeaweedFS started here (and stopped on exit)."""
+    if args.endpoint:
+        yield Endpoint(
+            args.endpoint,
+            os.environ.get("AWS_ACCESS_KEY_ID", ""),
+            os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
+            os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+        )
+        return
+    sys.path.insert(0, str(REPO / "scripts"))
+    import s3server
+
+    data_dir = tmp / "s3server"
+    data_dir.mkdir()
+    with s3server.start_server(data_dir=str(data_dir)) as srv:
+        yield Endpoint(srv.endpoint, srv.access_key, srv.secret_key, srv.region, srv.pid)
+
+
+def make_client(endpoint: Endpoint, pool: int) -> Any:
+    config = botocore.config.Config(
+        max_pool_connections=pool,
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint.url,
+        aws_access_key_id=endpoint.key,
+        aws_secret_access_key=endpoint.secret,
+        region_name=endpoint.region,
+        config=config,
+    )
+
+
+def make_files(args: argparse.Namespace) -> list[CheckpointFile]:
+    """K files of random bytes (the first takes the remainder) and their xxh3_128 digests."""
+    total = int(args.total_mib * MiB)
+    sizes = [total // args.files] * args.files
+    sizes[0] += total - sum(sizes)
+    files = []
+    for i, size in enumerate(sizes):
+        data = os.urandom(size)
+        files.append(CheckpointFile(f"__{i}_0.distcp", data, xxhash.xxh3_128_hexdigest(data)))
+    return files
+
+
+def warm_up(ctx: Context) -> None:
+    """Untimed: a multipart upload, so the bucket's volumes exist before any timed write."""
+    data = ctx.files[0].data[: 4 * CHUNK]
+    ctx.client.upload_fileobj(io.BytesIO(data), ctx.bucket, "warmup/boto3.bin")
+    delete_prefix(ctx, "warmup/")
+
+
+def delete_prefix(ctx: Context, prefix: str) -> None:
+    pages = ctx.client.get_paginator("list_objects_v2").paginate(Bucket=ctx.bucket, Prefix=prefix)
+    for page in pages:
+        keys = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
+        if keys:
+            ctx.client.delete_objects(Bucket=ctx.bucket, Delete={"Objects": keys})
+
+
+def delete_bucket(ctx: Context) -> None:
+    delete_prefix(ctx, "")
+    ctx.client.delete_bucket(Bucket=ctx.bucket)
+
+
+# -- verification ------------------------------------------------------------------------------
+
+
+def chunks_of(read: Callable[[int], bytes]) -> Iterator[bytes]:
+    while data := read(CHUNK):
+        yield data
+
+
+def check_bytes(mode: str, where: str, f: CheckpointFile, chunks: Iterator[bytes]) -> None:
+    hasher = xxhash.xxh3_128()
+    count = 0
+    for chunk in chunks:
+        hasher.update(chunk)
+        count += len(chunk)
+    if count != len(f.data):
+        raise VerifyError(f"{mode}: {where}: {count} bytes stored, expected {len(f.data)}")
+    if hasher.hexdigest() != f.digest:
+        raise VerifyError(f"{mode}: {where}: digest mismatch, the stored bytes are wrong")
+
+
+def verify_store(ctx: Context, mode: str, prefix: str) -> None:
+    """Read every object back with plain boto3 and compare its digest."""
+    for f in ctx.files:
+        key = f"{prefix}/{f.name}"
+        try:
+            body = ctx.client.get_object(Bucket=ctx.bucket, Key=key)["Body"]
+        except ctx.client.exceptions.NoSuchKey:
+            raise VerifyError(f"{mode}: s3://{ctx.bucket}/{key} is not in the store") from None
+        try:
+            check_bytes(mode, f"s3://{ctx.bucket}/{key}", f, chunks_of(body.read))
+        finally:
+            body.close()
+
+
+def verify_local(mode: str, files: list[CheckpointFile], out_dir: Path) -> None:
+    for f in files:
+        with open(out_dir / f.name, "rb") as fh:
+            check_bytes(mode, str(out_dir / f.name), f, chunks_of(fh.read))
+
+
+# -- timing ------------------------------------------------------------------------------------
+
+
+def server_cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of the S3 server process (0 when it runs elsewhere)."""
+    if pid is None:
+        return 0.0
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(ctx: Context, mode: str, run: Callable[[], Timing]) -> Timing:
+    """Run one timed checkpoint write after an untimed os.sync(); record it with its CPU time."""
+    os.sync()
+    pid = ctx.endpoint.server_pid
+    cpu0, srv0 = time.process_time(), server_cpu_seconds(pid)
+    timing = run()
+    sample = Sample(timing, time.process_time() - cpu0, server_cpu_seconds(pid) - srv0)
+    ctx.samples.setdefault(mode, []).append(sample)
+    return timing
+
+
+def write_all(
+    ctx: Context, open_file: Callable[[str], Any], close_file: Callable[[Any], None]
+) -> Timing:
+    """Open, write in 8 MiB chunks and close every file in turn; block_s covers all of it."""
+    start = time.perf_counter()
+    per_file = []
+    for f in ctx.files:
+        handle = open_file(f.name)
+        view = memoryview(f.data)
+        t0 = time.perf_counter()
+        for offset in range(0, len(view), CHUNK):
+            handle.write(view[offset : offset + CHUNK])
+        t1 = time.perf_counter()
+        close_file(handle)
+        per_file.append((t1 - t0, time.perf_counter() - t1))
+    block = time.perf_counter() - start
+    write_s, close_s = sum(w for w, _ in per_file), sum(c for _, c in per_file)
+    return Timing(block, block, write_s, close_s, tuple(per_file))
+
+
+# -- modes -------------------------------------------------------------------------------------
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def run_local(ctx: Context, mode: str, fsync: bool) -> None:
+    """Write into a fresh directory next to the tiers; fsync each file and the directory."""
+    out_dir = ctx.fresh_dir(mode)
+
+    def close(handle: Any) -> None:
+        if fsync:
+            handle.flush()
+            os.fsync(handle.fileno())
+        handle.close()
+
+    def open_new(name: str) -> Any:
+        return open(out_dir / name, "xb")  # write_all closes it (timed)
+
+    def run() -> Timing:
+        start = time.perf_counter()
+        timing = write_all(ctx, open_new, close)
+        if fsync:
+            fsync_dir(out_dir)
+        total = time.perf_counter() - start
+        return dataclasses.replace(timing, block_s=total, durable_s=total)
+
+    try:
+        measure(ctx, mode, run)
+        verify_local(mode, ctx.files, out_dir)
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def make_tiercache_fs(ctx: Context, local_dir: Path, write_mode: str) -> Any:
+    fs = fsspec.filesystem(
+        "tiercache",
+        local_dir=str(local_dir),
+        target_options=ctx.endpoint.tiercache_options(),
+        skip_instance_cache=True,
+        local_max_bytes=4 * ctx.total_bytes + 64 * MiB,  # dirty budget (half) never throttles
+        write_mode=write_mode,
+    )
+    client = getattr(fs.store, "client", None)
+    if callable(client):
+        client()  # build the boto3 client outside the timer, as the baselines do
+    return fs
+
+
+def check_nothing_pending(mode: str, fs: Any) -> None:
+    pending = fs.pending()
+    if pending:
+        raise VerifyError(f"{mode}: fs.pending() is not empty after flush: {pending}")
+
+
+def run_tiercache(ctx: Context, mode: str, write_mode: str) -> None:
+    """Write through a fresh tier; time until the last close() and until fs.flush returns."""
+    tier_dir = ctx.fresh_dir(mode)
+    fs = make_tiercache_fs(ctx, tier_dir, write_mode)
+    prefix = ctx.fresh_prefix(mode)
+    root = f"{ctx.bucket}/{prefix}"
+
+    def run() -> Timing:
+        start = time.perf_counter()
+        timing = write_all(ctx, lambda name: fs.open(f"{root}/{name}", "wb"), lambda h: h.close())
+        fs.flush(root, timeout=FLUSH_TIMEOUT_S)
+        return dataclasses.replace(timing, durable_s=time.perf_counter() - start)
+
+    try:
+        measure(ctx, mode, run)
+        check_nothing_pending(mode, fs)
+        verify_store(ctx, mode, prefix)
+        ctx.extras.setdefault("tiercache_stats", {})[mode] = fs.stats()
+    finally:
+        delete_prefix(ctx, prefix)
+        shutil.rmtree(tier_dir, ignore_errors=True)
+
+
+def run_fsspec_s3(ctx: Context, mode: str, s3: Any) -> None:
+    prefix = ctx.fresh_prefix(mode)
+    root = f"{ctx.bucket}/{prefix}"
+    try:
+        measure(
+            ctx,
+            mode,
+            lambda: write_all(
+                ctx, lambda name: s3.open(f"{root}/{name}", "wb"), lambda h: h.close()
+            ),
+        )
+        verify_store(ctx, mode, prefix)
+    finally:
+        delete_prefix(ctx, prefix)
+
+
+def run_boto3(ctx: Context, mode: str, parallel: bool) -> None:
+    """upload_fileobj of each file (default TransferConfig): one after another, or all at once."""
+    prefix = ctx.fresh_prefix(mode)
+
+    def upload(f: CheckpointFile) -> None:
+        key = f"{prefix}/{f.name}"
+        ctx.client.upload_fileobj(io.BytesIO(f.data), ctx.bucket, key, Config=TransferConfig())
+
+    def run() -> Timing:
+        start = time.perf_counter()
+        if parallel:
+            with ThreadPoolExecutor(len(ctx.files)) as pool:
+                list(pool.map(upload, ctx.files))
+        else:
+            for f in ctx.files:
+                upload(f)
+        total = time.perf_counter() - start
+        return Timing(total, total)
+
+    try:
+        measure(ctx, mode, run)
+        verify_store(ctx, mode, prefix)
+    finally:
+        delete_prefix(ctx, prefix)
+
+
+def run_repeat(ctx: Context, s3: Any) -> None:
+    run_local(ctx, "local_write_nofsync", fsync=False)
+    run_local(ctx, "local_write_fsync", fsync=True)
+    run_tiercache(ctx, "tiercache", "behind")
+    run_tiercache(ctx, "tiercache_through", "through")
+    run_fsspec_s3(ctx, "fsspec_s3", s3)
+    run_boto3(ctx, "boto3_upload_fileobj", parallel=False)
+    run_boto3(ctx, "boto3_upload_fileobj_parallel", parallel=True)
+
+
+# -- results -----------------------------------------------------------------------------------
+
+
+def median_of(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(statistics.median(present), 4) if present else None
+
+
+def rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 4)
+    if isinstance(value, (list, tuple)):
+        return [rounded(v) for v in value]
+    return value
+
+
+def sample_dict(sample: Sample) -> dict[str, Any]:
+    raw = asdict(sample.timing) | {"cpu_s": sample.cpu_s, "srv_cpu_s": sample.srv_cpu_s}
+    return {name: rounded(value) for name, value in raw.items()}
+
+
+def summarize(ctx: Context) -> dict[str, dict[str, Any]]:
+    total = ctx.total_bytes
+    modes = {}
+    for mode in MODES:
+        samples = ctx.samples[mode]
+        durable = statistics.median(s.timing.durable_s for s in samples)
+        modes[mode] = {
+            "bytes": total,
+            "block_s": median_of([s.timing.block_s for s in samples]),
+            "durable_s": round(durable, 4),
+            "durable_mib_s": round(total / MiB / durable, 1),
+            "write_s": median_of([s.timing.write_s for s in samples]),
+            "close_s": median_of([s.timing.close_s for s in samples]),
+            "cpu_s": median_of([s.cpu_s for s in samples]),
+            "srv_cpu_s": median_of([s.srv_cpu_s for s in samples])
+            if ctx.endpoint.started_here
+            else None,
+            "samples": [sample_dict(s) for s in samples],
+        }
+    return modes
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """``numerator``'s ``column`` over the durable_s of the fastest of ``baselines``."""
+
+    name: str
+    numerator: str
+    column: str
+    baselines: tuple[str, ...]
+    target: float | None = None  # met when the ratio is at most this
+
+
+RATIOS = (
+    Ratio(
+        "tiercache block / local_write_fsync", "tiercache", "block_s", ("local_write_fsync",), 1.2
+    ),
+    Ratio("tiercache durable / fastest boto3", "tiercache", "durable_s", BOTO3_MODES, 1.2),
+    Ratio("tiercache durable / boto3_upload_fileobj", "tiercache", "durable_s", BOTO3_MODES[:1]),
+    Ratio(
+        "tiercache durable / boto3_upload_fileobj_parallel",
+        "tiercache",
+        "durable_s",
+        BOTO3_MODES[1:],
+    ),
+    Ratio("tiercache durable / fsspec_s3", "tiercache", "durable_s", ("fsspec_s3",)),
+    Ratio("tiercache block / fsspec_s3", "tiercache", "block_s", ("fsspec_s3",)),
+    Ratio("tiercache_through / fastest boto3", "tiercache_through", "durable_s", BOTO3_MODES),
+    Ratio(
+        "local_write_fsync / local_write_nofsync",
+        "local_write_fsync",
+        "durable_s",
+        ("local_write_nofsync",),
+    ),
+)
+
+
+def ratios(modes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Time ratios (lower is better); the baseline is the fastest of the ratio's baselines."""
+    rows = []
+    for ratio in RATIOS:
+        baseline = min(ratio.baselines, key=lambda m: modes[m]["durable_s"])
+        value = modes[ratio.numerator][ratio.column] / modes[baseline]["durable_s"]
+        row: dict[str, Any] = {"name": ratio.name, "value": round(value, 3)}
+        row |= {"target": ratio.target, "baseline": baseline}
+        if ratio.target is not None:
+            row["result"] = "PASS" if value <= ratio.target else "MISS"
+        rows.append(row)
+    return rows
+
+
+def machine_info(endpoint: Endpoint) -> dict[str, Any]:
+    def pkg(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {n: pkg(n) for n in ("tiercache", "boto3", "botocore", "fsspec", "s3fs")},
+        "s3_server": "SeaweedFS started by scripts/s3server.py"
+        if endpoint.started_here
+        else endpoint.url,
+    }
+
+
+def machine_note(endpoint: Endpoint) -> str:
+    cores = len(os.sched_getaffinity(0))
+    if endpoint.started_here:
+        return (
+            f"This machine has {cores} usable core(s) and shares them with the S3 server started "
+            "here: uploads, verification and the server's own disk writes compete for them."
+        )
+    return f"This machine has {cores} usable core(s); the S3 server runs at {endpoint.url}."
+
+
+def fmt(value: float | None, width: int, digits: int = 3) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
+
+
+def print_report(result: dict[str, Any]) -> None:
+    params = result["params"]
+    print(
+        f"\ntiercache checkpoint benchmark: {params['files']} files, {params['total_mib']:g} MiB "
+        f"in all, 8 MiB writes, median of {params['repeat']} repeat(s)\n"
+    )
+    head = (
+        f"{'mode':<30} {'block_s':>8} {'durable_s':>9} {'MiB/s':>7} {'write_s':>7} {'close_s':>7}"
+    )
+    print(f"{head} {'cpu_s':>6} {'srv_cpu_s':>9}")
+    for mode, row in result["modes"].items():
+        print(
+            f"{mode:<30} {fmt(row['block_s'], 8)} {fmt(row['durable_s'], 9)} "
+            f"{row['durable_mib_s']:>7.1f} {fmt(row['write_s'], 7)} {fmt(row['close_s'], 7)} "
+            f"{fmt(row['cpu_s'], 6, 2)} {fmt(row['srv_cpu_s'], 9, 2)}"
+        )
+    print(f"\n{'ratio (seconds / seconds)':<52} {'value':>6} {'target':>7}  result  baseline")
+    for row in result["ratios"]:
+        target = f"<={row['target']:g}" if row["target"] is not None else ""
+        result_text = row.get("result", "")
+        print(
+            f"{row['name']:<52} {row['value']:>6.3f} {target:>7}  {result_text:<6}  "
+            f"{row['baseline']}"
+        )
+    print("\nnotes:")
+    for note in result["notes"]:
+        print(f"  - {note}")
+
+
+def write_json(path: Path, result: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"\nresults written to {path}")
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[str, Any]:
+    files = make_files(args)
+    client = make_client(endpoint, pool=max(16, 10 * args.files))
+    bucket = f"tiercache-ckpt-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(Bucket=bucket)
+    ctx = Context(args, endpoint, client, bucket, files, tmp)
+    try:
+        warm_up(ctx)
+        s3 = fsspec.filesystem("s3", **endpoint.s3fs_options())
+        s3.ls(bucket)  # instantiate and connect s3fs outside the timer
+        for _ in range(args.repeat):
+            run_repeat(ctx, s3)
+        modes = summarize(ctx)
+        return {
+            "params": {
+                "files": args.files,
+                "total_mib": args.total_mib,
+                "chunk_mib": CHUNK // MiB,
+                "repeat": args.repeat,
+                "statistic": "median",
+            },
+            "machine": machine_info(endpoint),
+            "modes": modes,
+            "ratios": ratios(modes),
+            **ctx.extras,
+            "notes": [machine_note(endpoint), *NOTES],
+        }
+    finally:
+        delete_bucket(ctx)
+
+
+def silence_removed_tier_scans(tmp: Path) -> None:
+    """Hide one known traceback: a tiercache scan thread whose tier this script removed.
+
+    tiercache's uploader threads outlive their filesystem (it has no close()), and the scan
+    thread dies with FileNotFoundError once its journal directory is gone. Only that failure,
+    for a directory under ``tmp``, is silenced; every other thread error is still printed.
+    """
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        exc = args.exc_value
+        if (
+            args.thread is not None
+            and args.thread.name == "tiercache-upload-scan"
+            and isinstance(exc, FileNotFoundError)
+            and str(exc.filename or "").startswith(str(tmp))
+        ):
+            return
+        previous(args)
+
+    threading.excepthook = hook
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="tiercache-ckpt-bench-"))
+    silence_removed_tier_scans(tmp)
+    try:
+        with s3_endpoint(args, tmp) as endpoint:
+            result = benchmark(args, endpoint, tmp)
+    except VerifyError as exc:
+        print(f"VERIFICATION FAILED: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print_report(result)
+    write_json(args.json, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
