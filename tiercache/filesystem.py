@@ -131,20 +131,29 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
             if mode == "xb" and self.exists(path):
                 raise FileExistsError(17, "object exists", path)
             entry_id = self.read_path.entry_id(bucket, key)
+            on_close = None
             if self.config.write_mode == "behind":
                 commit: Committer = self._runtime.write_behind
+                self._runtime.uploader.writer_opened()
+                on_close = self._runtime.uploader.writer_closed
             else:
                 self._cancel_pending(bucket, key)
                 commit = self._runtime.write_through
-            return StagedWriteFile(
-                f"{bucket}/{key}",
-                bucket,
-                key,
-                tier=self.tier,
-                entry_id=entry_id,
-                source=source_url(bucket, key),
-                commit=commit,
-            )
+            try:
+                return StagedWriteFile(
+                    f"{bucket}/{key}",
+                    bucket,
+                    key,
+                    tier=self.tier,
+                    entry_id=entry_id,
+                    source=source_url(bucket, key),
+                    commit=commit,
+                    on_close=on_close,
+                )
+            except BaseException:
+                if on_close is not None:
+                    on_close()
+                raise
         raise ValueError(
             f"mode {mode!r} is not supported: use 'rb' or 'wb' (objects have no append)"
         )

@@ -50,6 +50,7 @@ class StagedWriteFile(io.RawIOBase):
         entry_id: str,
         source: str,
         commit: Committer,
+        on_close: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
         self.path = path
@@ -60,6 +61,7 @@ class StagedWriteFile(io.RawIOBase):
         self._entry_id = entry_id
         self._source = source
         self._commit = commit
+        self._on_close = on_close
         self._staged = tier.staging_path(entry_id)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         self._fd = os.open(self._staged, flags, tier.file_mode)
@@ -139,6 +141,8 @@ class StagedWriteFile(io.RawIOBase):
             self.close()
 
     def _cleanup(self) -> None:
+        if self._on_close is not None:
+            self._on_close()
         os.close(self._fd)
         try:
             os.unlink(self._staged)

@@ -34,6 +34,9 @@ log = logging.getLogger("tiercache.uploader")
 
 DIGEST_METADATA_KEY = "tiercache-xxh3"
 _SCAN_INTERVAL = 1.0
+# Uploads wait (at most this long) while this process is still writing files behind: on a
+# busy host they would slow the very close() calls write-behind exists to make fast.
+_DEFER_WHILE_WRITING = 10.0
 
 
 @dataclass
@@ -70,6 +73,7 @@ class Uploader:
         self._queue: list[str] = []
         self._attempts: dict[str, _Attempts] = {}
         self._forced: set[str] = set()
+        self._writers = 0
         self._started = False
 
     def after_fork(self) -> None:
@@ -95,6 +99,16 @@ class Uploader:
             threading.Thread(target=self._work, name=f"tiercache-upload-{i}", daemon=True).start()
         threading.Thread(target=self._scan, name="tiercache-upload-scan", daemon=True).start()
 
+    def writer_opened(self) -> None:
+        """A file is being written behind in this process (uploads hold back meanwhile)."""
+        with self._cond:
+            self._writers += 1
+
+    def writer_closed(self) -> None:
+        with self._cond:
+            self._writers -= 1
+            self._cond.notify_all()
+
     def last_error(self, entry_id: str) -> tuple[int, str]:
         """Attempts so far and the last error of one object, as seen by this process."""
         with self._cond:
@@ -107,7 +121,11 @@ class Uploader:
         """Pick up records this process did not write: crashed writers, earlier runs."""
         while True:
             now = time.time()
-            for record in self._journal.records():
+            try:
+                records = self._journal.records()
+            except FileNotFoundError:
+                return  # the cache directory was removed: nothing left to upload here
+            for record in records:
                 with self._cond:
                     attempts = self._attempts.get(record.entry_id)
                     due = attempts is None or attempts.not_before <= now
@@ -121,6 +139,8 @@ class Uploader:
             with self._cond:
                 self._cond.wait_for(lambda: bool(self._queue))
                 entry_id = self._queue.pop(0)
+                if entry_id not in self._forced:
+                    self._cond.wait_for(lambda: self._writers == 0, _DEFER_WHILE_WRITING)
             try:
                 self._upload_one(entry_id)
             except Exception as exc:  # recorded and retried: an upload error is never fatal

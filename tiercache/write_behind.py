@@ -49,6 +49,7 @@ class WriteBehind:
         self._stats = stats
         self._namespace = namespace
         self._written_here: dict[str, int] = {}  # entry id -> generation, for the exit wait
+        self._dirty_seen: tuple[float, dict[str, int]] = (0.0, {})  # pending sizes, when read
         self._lock = threading.Lock()
         _live.add(self)
         forksafe.register(self)
@@ -101,18 +102,37 @@ class WriteBehind:
         return {"name": f"{staged.bucket}/{staged.key}", "size": staged.size, "type": "file"}
 
     def _wait_for_room(self, staged: StagedObject) -> None:
-        """Back-pressure: block (never fail) while too many bytes wait for upload."""
+        """Back-pressure: block (never fail) while too many bytes wait for upload.
+
+        The journal is read at most every half second while there is room (reading every
+        record on every close() made many small files quadratic), and on every poll once a
+        writer has to wait.
+        """
         budget = self._config.dirty_budget
+        fresh = False
         waited = False
         while True:
-            dirty = sum(r.size for r in self._journal.records() if r.entry_id != staged.entry_id)
+            dirty = self._dirty_bytes(staged.entry_id, fresh)
             if dirty == 0 or dirty + staged.size <= budget:
                 break
-            if not waited:
+            if fresh and not waited:
                 self._stats.add("writes_throttled")
                 self._uploader.start()
                 waited = True
-            time.sleep(_POLL)
+            if fresh:
+                time.sleep(_POLL)
+            fresh = True
+        with self._lock:
+            self._dirty_seen[1][staged.entry_id] = staged.size
+
+    def _dirty_bytes(self, exclude: str, fresh: bool) -> int:
+        with self._lock:
+            stamp, sizes = self._dirty_seen
+        if fresh or time.monotonic() - stamp > 0.5:
+            sizes = {r.entry_id: r.size for r in self._journal.records()}
+            with self._lock:
+                self._dirty_seen = (time.monotonic(), sizes)
+        return sum(size for entry_id, size in sizes.items() if entry_id != exclude)
 
     @property
     def exit_flush_timeout(self) -> float:

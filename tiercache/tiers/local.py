@@ -205,11 +205,11 @@ class LocalTier:
         The meta is removed first and written last, so a crash at any point leaves the old
         entry, no entry, or the new one. A clean entry is fsynced only where there is no boot
         id to detect a power loss with (see ``current_boot_id``); ``durable`` (dirty data
-        that exists nowhere else) fsyncs data, meta and directory.
+        that exists nowhere else, already fsynced by the writer) fsyncs meta and directory.
         """
-        durable = durable or not self.boot_id
-        if durable:
+        if not self.boot_id:
             os.fsync(fd)
+            durable = True
         meta = dataclasses.replace(meta, boot_id=self.boot_id)
         _remove(paths.meta)
         os.rename(src or paths.part, paths.data)
