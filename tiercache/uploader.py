@@ -34,9 +34,11 @@ log = logging.getLogger("tiercache.uploader")
 
 DIGEST_METADATA_KEY = "tiercache-xxh3"
 _SCAN_INTERVAL = 1.0
-# Uploads wait (at most this long) while this process is still writing files behind: on a
-# busy host they would slow the very close() calls write-behind exists to make fast.
+# Uploads wait (at most _DEFER_WHILE_WRITING seconds) until this process has written nothing
+# behind for _QUIET_AFTER_WRITES seconds: a checkpoint is a burst of files, and uploads racing
+# it on a busy host slow the very close() calls write-behind exists to make fast.
 _DEFER_WHILE_WRITING = 10.0
+_QUIET_AFTER_WRITES = 0.3
 
 
 @dataclass
@@ -74,6 +76,7 @@ class Uploader:
         self._attempts: dict[str, _Attempts] = {}
         self._forced: set[str] = set()
         self._writers = 0
+        self._last_write = 0.0
         self._started = False
 
     def after_fork(self) -> None:
@@ -107,7 +110,16 @@ class Uploader:
     def writer_closed(self) -> None:
         with self._cond:
             self._writers -= 1
+            self._last_write = time.monotonic()
             self._cond.notify_all()
+
+    def _wait_for_quiet(self) -> None:
+        """Hold an upload back while this process writes (called with the condition held)."""
+        give_up = time.monotonic() + _DEFER_WHILE_WRITING
+        while (now := time.monotonic()) < give_up:
+            if self._writers == 0 and now - self._last_write >= _QUIET_AFTER_WRITES:
+                return
+            self._cond.wait(min(give_up - now, _QUIET_AFTER_WRITES))
 
     def last_error(self, entry_id: str) -> tuple[int, str]:
         """Attempts so far and the last error of one object, as seen by this process."""
@@ -140,7 +152,7 @@ class Uploader:
                 self._cond.wait_for(lambda: bool(self._queue))
                 entry_id = self._queue.pop(0)
                 if entry_id not in self._forced:
-                    self._cond.wait_for(lambda: self._writers == 0, _DEFER_WHILE_WRITING)
+                    self._wait_for_quiet()
             try:
                 self._upload_one(entry_id)
             except Exception as exc:  # recorded and retried: an upload error is never fatal
