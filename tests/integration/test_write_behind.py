@@ -130,18 +130,19 @@ def _write_then_wait(
     time.sleep(600)  # killed before it can upload
 
 
-def test_sigkill_after_close_loses_nothing(
-    private: PrivateServer, pbucket: str, tmp_path: Path
+def _kill_writer_after_close(
+    private: PrivateServer, local_dir: str, path: str, data: bytes
 ) -> None:
-    data = os.urandom(9 * MiB)
-    local_dir = str(tmp_path / "tier")
+    """A separate process writes ``path``; once its close() returned it gets SIGKILL.
+
+    The server is frozen meanwhile, so no upload can have finished before the kill.
+    """
     ctx = multiprocessing.get_context("spawn")
     closed = ctx.Event()
-    private.server.pause()  # no upload can finish while the writer lives
+    private.server.pause()
     try:
         writer = ctx.Process(
-            target=_write_then_wait,
-            args=(private.options(), local_dir, f"{pbucket}/ckpt/model.bin", data, closed),
+            target=_write_then_wait, args=(private.options(), local_dir, path, data, closed)
         )
         writer.start()
         assert closed.wait(60)
@@ -150,6 +151,14 @@ def test_sigkill_after_close_loses_nothing(
         assert writer.exitcode == -signal.SIGKILL
     finally:
         private.server.resume()
+
+
+def test_sigkill_after_close_loses_nothing(
+    private: PrivateServer, pbucket: str, tmp_path: Path
+) -> None:
+    data = os.urandom(9 * MiB)
+    local_dir = str(tmp_path / "tier")
+    _kill_writer_after_close(private, local_dir, f"{pbucket}/ckpt/model.bin", data)
     assert _stored(private, pbucket, "ckpt/model.bin") is None
     survivor = TierCacheFileSystem(
         target_options=private.options(), local_dir=local_dir, skip_instance_cache=True
@@ -274,20 +283,7 @@ def test_status_and_flush_commands_finish_a_dead_writers_uploads(
 
     local_dir = str(tmp_path / "tier")
     data = os.urandom(3 * MiB)
-    ctx = multiprocessing.get_context("spawn")
-    closed = ctx.Event()
-    private.server.pause()
-    try:
-        writer = ctx.Process(
-            target=_write_then_wait,
-            args=(private.options(), local_dir, f"{pbucket}/job/out.bin", data, closed),
-        )
-        writer.start()
-        assert closed.wait(60)
-        os.kill(writer.pid or 0, signal.SIGKILL)
-        writer.join(30)
-    finally:
-        private.server.resume()
+    _kill_writer_after_close(private, local_dir, f"{pbucket}/job/out.bin", data)
     env = {**os.environ, **private.server.env(), "TIERCACHE_LOCAL_DIR": local_dir}
     cli = [sys.executable, "-m", "tiercache.cli"]
     status = subprocess.run(
