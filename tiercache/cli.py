@@ -52,7 +52,12 @@ def _status(args: argparse.Namespace) -> int:
     journal = Journal(tier.root, config.file_mode, config.dir_mode)
     now = time.time()
     pending: list[dict[str, Any]] = [
-        {"name": f"{r.bucket}/{r.key}", "size": r.size, "age_s": round(now - r.created_at, 1)}
+        {
+            "name": f"{r.bucket}/{r.key}",
+            "size": r.size,
+            "age_s": round(now - r.created_at, 1),
+            "store": r.namespace,
+        }
         for r in journal.records()
     ]
     report: dict[str, Any] = {

@@ -79,13 +79,14 @@ class Journal:
         except FileNotFoundError:
             return None
 
-    def records(self) -> list[JournalRecord]:
-        """Every pending record, oldest first."""
+    def records(self, namespace: str | None = None) -> list[JournalRecord]:
+        """Pending records, oldest first; only those of one store when ``namespace`` is given
+        (caches shared by jobs on different endpoints must not upload each other's files)."""
         found = []
         for name in os.listdir(self.dir):
             if name.endswith(".json") and len(name) == 69:
                 record = self.get(name[:64])
-                if record is not None:
+                if record is not None and namespace in (None, record.namespace):
                     found.append(record)
         return sorted(found, key=lambda r: r.generation)
 

@@ -77,7 +77,7 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
     )
     tier.keep = checkpoints.keeps
     uploader = Uploader(config, tier, journal, store, stats, checkpoints)
-    if journal.records():
+    if journal.records(store.namespace):
         uploader.start()  # finish what a crashed or exited process left in the journal
     return CacheRuntime(
         config=config,

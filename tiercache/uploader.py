@@ -134,7 +134,7 @@ class Uploader:
         while True:
             now = time.time()
             try:
-                records = self._journal.records()
+                records = self._journal.records(self._store.namespace)
             except FileNotFoundError:
                 return  # the cache directory was removed: nothing left to upload here
             for record in records:
@@ -178,7 +178,7 @@ class Uploader:
             return  # another thread or process is uploading it
         try:
             record = self._journal.get(entry_id)
-            if record is None:
+            if record is None or record.namespace != self._store.namespace:
                 return
             if self._past_deadline(record):
                 self._give_up(entry_id)
@@ -208,7 +208,7 @@ class Uploader:
             other.bucket == record.bucket
             and other.key.startswith(prefix)
             and posixpath.basename(other.key) != self._config.commit_marker
-            for other in self._journal.records()
+            for other in self._journal.records(self._store.namespace)
         )
 
     def _give_up(self, entry_id: str) -> None:

@@ -141,7 +141,7 @@ class WriteBehind:
     def pending(self, path: str = "") -> list[JournalRecord]:
         """Records of ``path``: "" is everything, ``a/b/`` everything below it, ``a/b`` that
         object and everything below ``a/b/`` (so ``step-1`` does not match ``step-10``)."""
-        records = self._journal.records()
+        records = self._journal.records(self._namespace)
         if not path or path.endswith("/"):
             return [r for r in records if f"{r.bucket}/{r.key}".startswith(path)]
         return [

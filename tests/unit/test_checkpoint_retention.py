@@ -56,3 +56,21 @@ def test_garbage_in_the_journal_is_ignored(tmp_path: Path) -> None:
         f.write(b"value")
     fs.flush(timeout=30)
     assert store.request_counts()["PutObject"] == 1
+
+
+def test_a_cache_shared_by_two_stores_uploads_each_file_to_its_own(tmp_path: Path) -> None:
+    first, second = MemoryStore(["b"]), MemoryStore(["b"])
+    fs_first = _fs(tmp_path, first)
+    fs_second = _fs(tmp_path, second)
+    with fs_first.open("b/one", "wb") as f:
+        f.write(b"for the first store")
+    with fs_second.open("b/two", "wb") as f:
+        f.write(b"for the second store")
+    assert "b/two" not in [p["name"] for p in fs_first.pending()]
+    fs_first.flush(timeout=30)
+    fs_second.flush(timeout=30)
+    assert first.head("b", "one").size == len(b"for the first store")
+    assert second.head("b", "two").size == len(b"for the second store")
+    assert first.request_counts()["PutObject"] == 1  # "two" never went to the first store
+    assert second.request_counts()["PutObject"] == 1
+    assert first.list_objects("b", "") and [e.key for e in first.list_objects("b", "")] == ["one"]
