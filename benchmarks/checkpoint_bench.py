@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import io
-import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -19,18 +16,15 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-import boto3
-import botocore.config
+import common
 import fsspec
 import xxhash
 from boto3.s3.transfer import TransferConfig
+from common import REPO, Endpoint, MiB, VerifyError
 
-MiB = 1024 * 1024
-REPO = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = REPO / "benchmarks" / "results" / "checkpoint_bench.json"
 CHUNK = 8 * MiB  # write size, as torch.save / DCP file writers issue them
 FLUSH_TIMEOUT_S = 600.0
@@ -74,41 +68,6 @@ NOTES = (
     "seconds of the S3 server it started, both over the timed section (to durable).",
     "Reported value per mode and column = median over --repeat samples (columns independently).",
 )
-
-
-class VerifyError(Exception):
-    """A mode stored bytes that differ from what was written, or left uploads pending."""
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where the S3 server is and how to sign requests to it."""
-
-    url: str
-    key: str
-    secret: str
-    region: str
-    server_pid: int | None = None  # set when this script started the server
-
-    @property
-    def started_here(self) -> bool:
-        return self.server_pid is not None
-
-    def tiercache_options(self) -> dict[str, Any]:
-        """tiercache's ``target_options`` (s3fs-style storage options)."""
-        return {
-            "endpoint_url": self.url,
-            "key": self.key,
-            "secret": self.secret,
-            "client_kwargs": {"region_name": self.region},
-        }
-
-    def s3fs_options(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "secret": self.secret,
-            "client_kwargs": {"endpoint_url": self.url, "region_name": self.region},
-        }
 
 
 @dataclass(frozen=True)
@@ -167,9 +126,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--files", type=int, default=4, help="files per checkpoint (default 4)")
     p.add_argument("--total-mib", type=float, default=1024, help="checkpoint MiB (default 1024)")
-    p.add_argument("--repeat", type=int, default=1, help="samples per mode; median is reported")
-    p.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write the results")
-    p.add_argument("--endpoint", help="use this S3 server (credentials from AWS_* env vars)")
+    common.add_run_args(p, DEFAULT_JSON)
     p.add_argument("--quick", action="store_true", help="4 files, 64 MiB in all: a smoke run")
     args = p.parse_args(argv)
     if args.quick:
@@ -182,42 +139,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 # -- server, client, data ----------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def s3_endpoint(args: argparse.Namespace, tmp: Path) -> Iterator[Endpoint]:
-    """The --endpoint server, or a SeaweedFS started here (and stopped on exit)."""
-    if args.endpoint:
-        yield Endpoint(
-            args.endpoint,
-            os.environ.get("AWS_ACCESS_KEY_ID", ""),
-            os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
-            os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-        )
-        return
-    sys.path.insert(0, str(REPO / "scripts"))
-    import s3server
-
-    data_dir = tmp / "s3server"
-    data_dir.mkdir()
-    with s3server.start_server(data_dir=str(data_dir)) as srv:
-        yield Endpoint(srv.endpoint, srv.access_key, srv.secret_key, srv.region, srv.pid)
-
-
-def make_client(endpoint: Endpoint, pool: int) -> Any:
-    config = botocore.config.Config(
-        max_pool_connections=pool,
-        request_checksum_calculation="when_required",
-        response_checksum_validation="when_required",
-    )
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint.url,
-        aws_access_key_id=endpoint.key,
-        aws_secret_access_key=endpoint.secret,
-        region_name=endpoint.region,
-        config=config,
-    )
 
 
 def make_files(args: argparse.Namespace) -> list[CheckpointFile]:
@@ -261,14 +182,10 @@ def chunks_of(read: Callable[[int], bytes]) -> Iterator[bytes]:
 
 
 def check_bytes(mode: str, where: str, f: CheckpointFile, chunks: Iterator[bytes]) -> None:
-    hasher = xxhash.xxh3_128()
-    count = 0
-    for chunk in chunks:
-        hasher.update(chunk)
-        count += len(chunk)
+    count, digest = common.count_and_digest(chunks)
     if count != len(f.data):
         raise VerifyError(f"{mode}: {where}: {count} bytes stored, expected {len(f.data)}")
-    if hasher.hexdigest() != f.digest:
+    if digest != f.digest:
         raise VerifyError(f"{mode}: {where}: digest mismatch, the stored bytes are wrong")
 
 
@@ -295,25 +212,13 @@ def verify_local(mode: str, files: list[CheckpointFile], out_dir: Path) -> None:
 # -- timing ------------------------------------------------------------------------------------
 
 
-def server_cpu_seconds(pid: int | None) -> float:
-    """User + system CPU seconds of the S3 server process (0 when it runs elsewhere)."""
-    if pid is None:
-        return 0.0
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def measure(ctx: Context, mode: str, run: Callable[[], Timing]) -> Timing:
     """Run one timed checkpoint write after an untimed os.sync(); record it with its CPU time."""
     os.sync()
     pid = ctx.endpoint.server_pid
-    cpu0, srv0 = time.process_time(), server_cpu_seconds(pid)
+    cpu0, srv0 = time.process_time(), common.server_cpu_seconds(pid)
     timing = run()
-    sample = Sample(timing, time.process_time() - cpu0, server_cpu_seconds(pid) - srv0)
+    sample = Sample(timing, time.process_time() - cpu0, common.server_cpu_seconds(pid) - srv0)
     ctx.samples.setdefault(mode, []).append(sample)
     return timing
 
@@ -381,14 +286,12 @@ def make_tiercache_fs(ctx: Context, local_dir: Path, write_mode: str) -> Any:
     fs = fsspec.filesystem(
         "tiercache",
         local_dir=str(local_dir),
-        target_options=ctx.endpoint.tiercache_options(),
+        target_options=ctx.endpoint.s3_options(),
         skip_instance_cache=True,
         local_max_bytes=4 * ctx.total_bytes + 64 * MiB,  # dirty budget (half) never throttles
         write_mode=write_mode,
     )
-    client = getattr(fs.store, "client", None)
-    if callable(client):
-        client()  # build the boto3 client outside the timer, as the baselines do
+    common.build_client_now(fs)
     return fs
 
 
@@ -565,25 +468,6 @@ def ratios(modes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def machine_info(endpoint: Endpoint) -> dict[str, Any]:
-    def pkg(name: str) -> str:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return "not installed"
-
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "versions": {n: pkg(n) for n in ("tiercache", "boto3", "botocore", "fsspec", "s3fs")},
-        "s3_server": "SeaweedFS started by scripts/s3server.py"
-        if endpoint.started_here
-        else endpoint.url,
-    }
-
-
 def machine_note(endpoint: Endpoint) -> str:
     cores = len(os.sched_getaffinity(0))
     if endpoint.started_here:
@@ -622,15 +506,7 @@ def print_report(result: dict[str, Any]) -> None:
             f"{row['name']:<52} {row['value']:>6.3f} {target:>7}  {result_text:<6}  "
             f"{row['baseline']}"
         )
-    print("\nnotes:")
-    for note in result["notes"]:
-        print(f"  - {note}")
-
-
-def write_json(path: Path, result: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"\nresults written to {path}")
+    common.print_notes(result["notes"])
 
 
 # -- main --------------------------------------------------------------------------------------
@@ -638,7 +514,7 @@ def write_json(path: Path, result: dict[str, Any]) -> None:
 
 def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[str, Any]:
     files = make_files(args)
-    client = make_client(endpoint, pool=max(16, 10 * args.files))
+    client = common.make_client(endpoint, pool=max(16, 10 * args.files))
     bucket = f"tiercache-ckpt-{uuid.uuid4().hex[:12]}"
     client.create_bucket(Bucket=bucket)
     ctx = Context(args, endpoint, client, bucket, files, tmp)
@@ -657,7 +533,7 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[s
                 "repeat": args.repeat,
                 "statistic": "median",
             },
-            "machine": machine_info(endpoint),
+            "machine": common.machine_info(endpoint),
             "modes": modes,
             "ratios": ratios(modes),
             **ctx.extras,
@@ -692,19 +568,9 @@ def silence_removed_tier_scans(tmp: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    tmp = Path(tempfile.mkdtemp(prefix="tiercache-ckpt-bench-"))
-    silence_removed_tier_scans(tmp)
-    try:
-        with s3_endpoint(args, tmp) as endpoint:
-            result = benchmark(args, endpoint, tmp)
-    except VerifyError as exc:
-        print(f"VERIFICATION FAILED: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    print_report(result)
-    write_json(args.json, result)
-    return 0
+    return common.run_main(
+        args, "tiercache-ckpt-bench-", benchmark, print_report, silence_removed_tier_scans
+    )
 
 
 if __name__ == "__main__":

@@ -3,32 +3,26 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
-import json
 import os
-import platform
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-import boto3
-import botocore.config
+import common
 import fsspec
 import xxhash
 from boto3.s3.transfer import TransferConfig
+from common import REPO, Endpoint, MiB, VerifyError
 
-MiB = 1024 * 1024
-REPO = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = REPO / "benchmarks" / "results" / "read_bench.json"
 PUBLISH_TIMEOUT_S = 120.0
 
@@ -52,34 +46,6 @@ NOTES = (
     "cpu_s = CPU seconds of this process (all threads, fetch threads included) and srv_cpu_s = "
     "CPU seconds of the S3 server it started, both summed over the timed sections.",
 )
-
-
-class VerifyError(Exception):
-    """A mode returned bytes that differ from what was uploaded."""
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where the S3 server is and how to sign requests to it."""
-
-    url: str
-    key: str
-    secret: str
-    region: str
-    server_pid: int | None = None  # set when this script started the server
-
-    @property
-    def started_here(self) -> bool:
-        return self.server_pid is not None
-
-    def s3_options(self) -> dict[str, Any]:
-        """s3fs-style storage options, understood by both s3fs and tiercache."""
-        return {
-            "endpoint_url": self.url,
-            "key": self.key,
-            "secret": self.secret,
-            "client_kwargs": {"region_name": self.region},
-        }
 
 
 @dataclass(frozen=True)
@@ -131,9 +97,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--shards", type=int, default=16, help="number of objects (default 16)")
     p.add_argument("--shard-mib", type=float, default=64, help="object size in MiB (default 64)")
     p.add_argument("--chunk-mib", type=float, default=8, help="read size in MiB (default 8)")
-    p.add_argument("--repeat", type=int, default=1, help="samples per mode; median is reported")
-    p.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write the results")
-    p.add_argument("--endpoint", help="use this S3 server (credentials from AWS_* env vars)")
+    common.add_run_args(p, DEFAULT_JSON)
     p.add_argument(
         "--concurrency",
         default="1,8",
@@ -150,42 +114,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 # -- server, client, dataset -------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def s3_endpoint(args: argparse.Namespace, tmp: Path) -> Iterator[Endpoint]:
-    """The --endpoint server, or a SeaweedFS started here (and stopped on exit)."""
-    if args.endpoint:
-        yield Endpoint(
-            args.endpoint,
-            os.environ.get("AWS_ACCESS_KEY_ID", ""),
-            os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
-            os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-        )
-        return
-    sys.path.insert(0, str(REPO / "scripts"))
-    import s3server
-
-    data_dir = tmp / "s3server"
-    data_dir.mkdir()
-    with s3server.start_server(data_dir=str(data_dir)) as srv:
-        yield Endpoint(srv.endpoint, srv.access_key, srv.secret_key, srv.region, srv.pid)
-
-
-def make_client(endpoint: Endpoint, pool: int = 16) -> Any:
-    config = botocore.config.Config(
-        max_pool_connections=pool,
-        request_checksum_calculation="when_required",
-        response_checksum_validation="when_required",
-    )
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint.url,
-        aws_access_key_id=endpoint.key,
-        aws_secret_access_key=endpoint.secret,
-        region_name=endpoint.region,
-        config=config,
-    )
 
 
 def build_dataset(client: Any, args: argparse.Namespace, tmp: Path) -> Dataset:
@@ -287,27 +215,11 @@ def tiercache_reader(ctx: Context, fs: Any) -> Reader:
 
 
 def verify(mode: str, shard: Shard, chunks: list[Any]) -> None:
-    hasher = xxhash.xxh3_128()
-    count = 0
-    for chunk in chunks:
-        hasher.update(chunk)
-        count += memoryview(chunk).nbytes
+    count, digest = common.count_and_digest(chunks)
     if count != shard.size:
         raise VerifyError(f"{mode}: {shard.key}: read {count} bytes, expected {shard.size}")
-    if hasher.hexdigest() != shard.digest:
+    if digest != shard.digest:
         raise VerifyError(f"{mode}: {shard.key}: digest mismatch, the bytes read are wrong")
-
-
-def server_cpu_seconds(pid: int | None) -> float:
-    """User + system CPU seconds of the S3 server process (0 when it runs elsewhere)."""
-    if pid is None:
-        return 0.0
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def timed_pass(
@@ -325,12 +237,12 @@ def timed_pass(
     for shard in ctx.dataset.shards:
         if stage is not None:
             stage(shard)
-        cpu0, srv0 = time.process_time(), server_cpu_seconds(pid)
+        cpu0, srv0 = time.process_time(), common.server_cpu_seconds(pid)
         start = time.perf_counter()
         chunks = reader(shard)
         total += time.perf_counter() - start
         client_cpu += time.process_time() - cpu0
-        server_cpu += server_cpu_seconds(pid) - srv0
+        server_cpu += common.server_cpu_seconds(pid) - srv0
         verify(mode, shard, chunks)
         del chunks
     ctx.samples.setdefault(mode, []).append(total)
@@ -382,9 +294,7 @@ def make_tiercache_fs(ctx: Context, local_dir: Path, concurrency: int | None) ->
         skip_instance_cache=True,
         **options,
     )
-    client = getattr(fs.store, "client", None)
-    if callable(client):
-        client()  # build the boto3 client outside the timer, as the baselines do
+    common.build_client_now(fs)
     return fs
 
 
@@ -503,25 +413,6 @@ def ratios(modes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def machine_info(endpoint: Endpoint) -> dict[str, Any]:
-    def pkg(name: str) -> str:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return "not installed"
-
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "versions": {n: pkg(n) for n in ("tiercache", "boto3", "botocore", "fsspec", "s3fs")},
-        "s3_server": "SeaweedFS started by scripts/s3server.py"
-        if endpoint.started_here
-        else endpoint.url,
-    }
-
-
 def print_report(result: dict[str, Any]) -> None:
     params = result["params"]
     print(
@@ -539,22 +430,14 @@ def print_report(result: dict[str, Any]) -> None:
     for row in result["ratios"]:
         target = f">={row['target']:g}" if row["target"] is not None else ""
         print(f"{row['name']:<64} {row['value']:>6.3f} {target:>7}  {row.get('result', '')}")
-    print("\nnotes:")
-    for note in result["notes"]:
-        print(f"  - {note}")
-
-
-def write_json(path: Path, result: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"\nresults written to {path}")
+    common.print_notes(result["notes"])
 
 
 # -- main --------------------------------------------------------------------------------------
 
 
 def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[str, Any]:
-    client = make_client(endpoint)
+    client = common.make_client(endpoint)
     dataset = build_dataset(client, args, tmp)
     try:
         ctx = Context(args, endpoint, client, dataset, tmp)
@@ -572,7 +455,7 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[s
                 "concurrency": args.concurrency,
                 "statistic": "median",
             },
-            "machine": machine_info(endpoint),
+            "machine": common.machine_info(endpoint),
             "modes": modes,
             "ratios": ratios(modes),
             **ctx.extras,
@@ -584,19 +467,7 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[s
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    tmp = Path(tempfile.mkdtemp(prefix="tiercache-bench-"))
-    try:
-        with s3_endpoint(args, tmp) as endpoint:
-            result = benchmark(args, endpoint, tmp)
-    except VerifyError as exc:
-        print(f"VERIFICATION FAILED: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    print_report(result)
-    write_json(args.json, result)
-    return 0
+    return common.run_main(parse_args(argv), "tiercache-bench-", benchmark, print_report)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,212 @@
+"""Helpers shared by the benchmark scripts: S3 endpoint, boto3 client, CPU time and results."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import boto3
+import botocore.config
+import xxhash
+
+MiB = 1024 * 1024
+REPO = Path(__file__).resolve().parent.parent
+
+Result = dict[str, Any]
+
+
+class VerifyError(Exception):
+    """A mode read or stored bytes that differ from the originals, or left uploads pending."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the S3 server is and how to sign requests to it."""
+
+    url: str
+    key: str
+    secret: str
+    region: str
+    server_pid: int | None = None  # set when this script started the server
+
+    @property
+    def started_here(self) -> bool:
+        return self.server_pid is not None
+
+    def s3_options(self) -> dict[str, Any]:
+        """s3fs-style storage options, understood by both s3fs and tiercache (target_options)."""
+        return {
+            "endpoint_url": self.url,
+            "key": self.key,
+            "secret": self.secret,
+            "client_kwargs": {"region_name": self.region},
+        }
+
+    def s3fs_options(self) -> dict[str, Any]:
+        """s3fs options with the endpoint passed through ``client_kwargs``."""
+        return {
+            "key": self.key,
+            "secret": self.secret,
+            "client_kwargs": {"endpoint_url": self.url, "region_name": self.region},
+        }
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def add_run_args(p: argparse.ArgumentParser, default_json: Path) -> None:
+    """The --repeat, --json and --endpoint options every benchmark takes."""
+    p.add_argument("--repeat", type=int, default=1, help="samples per mode; median is reported")
+    p.add_argument("--json", type=Path, default=default_json, help="where to write the results")
+    p.add_argument("--endpoint", help="use this S3 server (credentials from AWS_* env vars)")
+
+
+# -- server and client -------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def s3_endpoint(url: str | None, tmp: Path) -> Iterator[Endpoint]:
+    """The server at ``url``, or a SeaweedFS started here (and stopped on exit)."""
+    if url:
+        yield Endpoint(
+            url,
+            os.environ.get("AWS_ACCESS_KEY_ID", ""),
+            os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
+            os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+        )
+        return
+    sys.path.insert(0, str(REPO / "scripts"))
+    import s3server
+
+    data_dir = tmp / "s3server"
+    data_dir.mkdir()
+    with s3server.start_server(data_dir=str(data_dir)) as srv:
+        yield Endpoint(srv.endpoint, srv.access_key, srv.secret_key, srv.region, srv.pid)
+
+
+def make_client(endpoint: Endpoint, pool: int = 16) -> Any:
+    """A boto3 S3 client that, like tiercache's own, computes no CRC checksums."""
+    config = botocore.config.Config(
+        max_pool_connections=pool,
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint.url,
+        aws_access_key_id=endpoint.key,
+        aws_secret_access_key=endpoint.secret,
+        region_name=endpoint.region,
+        config=config,
+    )
+
+
+def build_client_now(fs: Any) -> None:
+    """Build a tiercache filesystem's boto3 client outside the timer, as the baselines do."""
+    client = getattr(fs.store, "client", None)
+    if callable(client):
+        client()
+
+
+# -- measurement helpers -----------------------------------------------------------------------
+
+
+def server_cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of the S3 server process (0 when it runs elsewhere)."""
+    if pid is None:
+        return 0.0
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def count_and_digest(chunks: Iterable[Any]) -> tuple[int, str]:
+    """Total byte count and xxh3_128 hex digest of ``chunks`` (bytes-like objects)."""
+    hasher = xxhash.xxh3_128()
+    count = 0
+    for chunk in chunks:
+        hasher.update(chunk)
+        count += memoryview(chunk).nbytes
+    return count, hasher.hexdigest()
+
+
+# -- results -----------------------------------------------------------------------------------
+
+
+def package_version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def machine_info(endpoint: Endpoint) -> dict[str, Any]:
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {
+            n: package_version(n) for n in ("tiercache", "boto3", "botocore", "fsspec", "s3fs")
+        },
+        "s3_server": "SeaweedFS started by scripts/s3server.py"
+        if endpoint.started_here
+        else endpoint.url,
+    }
+
+
+def print_notes(notes: Iterable[str]) -> None:
+    print("\nnotes:")
+    for note in notes:
+        print(f"  - {note}")
+
+
+def write_json(path: Path, result: Result) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"\nresults written to {path}")
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+def run_main(
+    args: argparse.Namespace,
+    tmp_prefix: str,
+    benchmark: Callable[[argparse.Namespace, Endpoint, Path], Result],
+    print_report: Callable[[Result], None],
+    prepare: Callable[[Path], None] | None = None,
+) -> int:
+    """Run ``benchmark`` in a fresh temp dir against the S3 endpoint; report and write JSON.
+
+    ``prepare`` runs on the temp dir before the server starts. Returns the exit status:
+    1 (after printing the failure) when a mode fails verification, else 0.
+    """
+    tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix))
+    if prepare is not None:
+        prepare(tmp)
+    try:
+        with s3_endpoint(args.endpoint, tmp) as endpoint:
+            result = benchmark(args, endpoint, tmp)
+    except VerifyError as exc:
+        print(f"VERIFICATION FAILED: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print_report(result)
+    write_json(args.json, result)
+    return 0
