@@ -19,6 +19,7 @@ from tiercache.errors import ConfigError
 
 Consistency = Literal["immutable", "ttl", "always"]
 WriteMode = Literal["behind", "through"]
+Verify = Literal["reboot", "always"]
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -89,6 +90,9 @@ class TierCacheConfig:
             leaving them to the journal (the next process or ``tiercache flush``).
         keep_checkpoints: eviction keeps the files of this many newest committed checkpoints
             (directories whose ``commit_marker`` was uploaded), for a fast restart.
+        verify: when a cached file is checked against its xxh3 digest before it is served:
+            ``reboot`` once after each kernel boot (what a crash can tear), ``always`` on every
+            open (catches any corruption on disk, at the cost of reading each file twice).
     """
 
     local_dir: str = dataclasses.field(default_factory=default_local_dir)
@@ -109,6 +113,7 @@ class TierCacheConfig:
     commit_marker: str = ".metadata"
     exit_flush_timeout: float = 60.0
     keep_checkpoints: int = 2
+    verify: Verify = "reboot"
 
     def __post_init__(self) -> None:
         if not isinstance(self.local_dir, str) or not self.local_dir:
@@ -140,6 +145,8 @@ class TierCacheConfig:
             raise ConfigError("commit_marker must be a file name without '/'")
         _require_number("exit_flush_timeout", self.exit_flush_timeout, minimum=0.0)
         _require_int("keep_checkpoints", self.keep_checkpoints, minimum=0, maximum=1000)
+        if self.verify not in get_args(Verify):
+            raise ConfigError(f"verify must be reboot or always, got {self.verify!r}")
 
     @property
     def dirty_budget(self) -> int:

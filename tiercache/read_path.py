@@ -73,8 +73,8 @@ class ReadPath:
     def open(self, bucket: str, key: str) -> OpenedObject:
         """Open an object for reading through the tier."""
         entry = self.cached(bucket, key)
-        if entry is not None and self._tier.needs_check(entry):
-            entry = self._check_after_reboot(entry)
+        if entry is not None and (self._config.verify == "always" or self._tier.needs_check(entry)):
+            entry = self._check_digest(entry)
         if entry is not None:
             entry = self._validate(entry, bucket, key)
         if entry is not None:
@@ -124,7 +124,7 @@ class ReadPath:
         self._drop(entry)
         return None
 
-    def _check_after_reboot(self, entry: CachedEntry) -> CachedEntry | None:
+    def _check_digest(self, entry: CachedEntry) -> CachedEntry | None:
         checked = self._tier.check_digest(entry)
         if checked is None:
             self._stats.add("corrupt_entries")

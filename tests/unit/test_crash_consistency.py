@@ -65,3 +65,27 @@ def test_garbage_metadata_is_a_miss_not_an_error(tmp_path: Path) -> None:
         assert fs.read_path.cached("b", "k") is None
         assert fs.cat("b/k") == b"object"
         fs.wait_fetches()
+
+
+def test_verify_always_catches_a_file_corrupted_on_disk(tmp_path: Path) -> None:
+    store = MemoryStore(["b"])
+    payload = os.urandom(64 * 1024)
+    store.put_bytes("b", "k", payload)
+    fs = TierCacheFileSystem(
+        store=store,
+        local_dir=str(tmp_path / "t"),
+        consistency="immutable",
+        verify="always",
+        skip_instance_cache=True,
+    )
+    assert fs.cat("b/k") == payload
+    fs.wait_fetches()
+    entry = fs.read_path.cached("b", "k")
+    assert entry is not None
+    flipped = bytearray(payload)
+    flipped[1000] ^= 0xFF  # one bit flip, same size: only the digest can tell
+    Path(entry.paths.data).write_bytes(bytes(flipped))
+    assert fs.cat("b/k") == payload
+    assert fs.stats()["corrupt_entries"] == 1
+    assert fs.cat("b/k") == payload  # the refetched entry verifies clean
+    assert fs.stats()["corrupt_entries"] == 1 and store.request_counts()["GetObject"] == 2

@@ -160,6 +160,8 @@ class LocalTier:
             return None
         if (size, digest) != (entry.meta.size, entry.meta.digest):
             return None
+        if entry.meta.boot_id == self.boot_id:
+            return entry
         return self.replace_meta(entry, dataclasses.replace(entry.meta, boot_id=self.boot_id))
 
     def touch(self, entry: CachedEntry) -> None:
