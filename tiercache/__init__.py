@@ -11,6 +11,7 @@ from tiercache.errors import (
     StoreError,
     StoreUnavailableError,
     TierCacheError,
+    TierFullError,
 )
 from tiercache.filesystem import TierCacheFileSystem
 from tiercache.store import MemoryStore, ObjectInfo, ObjectStore, S3Options, S3Store
@@ -34,5 +35,6 @@ __all__ = [
     "TierCacheConfig",
     "TierCacheError",
     "TierCacheFileSystem",
+    "TierFullError",
     "__version__",
 ]

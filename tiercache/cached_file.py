@@ -25,6 +25,7 @@ class CachedFile(io.RawIOBase):
         opened: OpenedObject,
         on_read: Callable[[int], None],
         details: dict[str, Any] | None = None,
+        on_tier_full: Callable[[OSError], io.RawIOBase | None] | None = None,
     ) -> None:
         super().__init__()
         self.path = path
@@ -37,6 +38,8 @@ class CachedFile(io.RawIOBase):
         self._pos = 0
         self._on_read = on_read
         self._details = details or {}
+        self._on_tier_full = on_tier_full
+        self._direct: io.RawIOBase | None = None  # the store, once the tier filled up
 
     def __repr__(self) -> str:
         return f"<CachedFile {self.path!r} size={self.size} pos={self._pos}>"
@@ -64,10 +67,26 @@ class CachedFile(io.RawIOBase):
         count = max(0, min(count, self.size - start))
         fetch = self._fetch
         if fetch is not None and count:
-            fetch.wait_range(start, start + count)
+            try:
+                fetch.wait_range(start, start + count)
+            except OSError as exc:
+                self._direct = self._on_tier_full(exc) if self._on_tier_full else None
+                if self._direct is None:
+                    raise
+                self._fetch = None
+                return count
             if fetch.finished:
                 self._fetch = None
         return count
+
+    def _read_direct(self, buffer: Any) -> int:
+        """The tier filled up during the fetch: the rest comes straight from the store."""
+        assert self._direct is not None
+        self._direct.seek(self._pos)
+        got = self._direct.readinto(buffer) or 0
+        self._pos += got
+        self._on_read(got)
+        return got
 
     def readinto(self, buffer: Any) -> int:
         self._checkClosed()
@@ -75,6 +94,8 @@ class CachedFile(io.RawIOBase):
         count = self._available(self._pos, min(len(view), _MAX_PREAD))
         if count == 0:
             return 0
+        if self._direct is not None:
+            return self._read_direct(view[:count])
         got = os.preadv(self._fd, [view[:count]], self._pos)
         self._pos += got
         self._on_read(got)
@@ -87,6 +108,12 @@ class CachedFile(io.RawIOBase):
         count = self._available(self._pos, size)
         if count == 0:
             return b""
+        if self._direct is not None:
+            buffer = bytearray(count)
+            got = 0
+            while got < count and (step := self._read_direct(memoryview(buffer)[got:])):
+                got += step
+            return bytes(buffer[:got])
         if count <= _MAX_PREAD:
             data = os.pread(self._fd, count, self._pos)
         else:
@@ -106,6 +133,8 @@ class CachedFile(io.RawIOBase):
         """Bytes from the current position without consuming them (lets ``readline`` run fast)."""
         self._checkClosed()
         count = self._available(self._pos, max(size, 64 * 1024))
+        if self._direct is not None:
+            return b""  # no look-ahead from the store: readline falls back to read(1)
         return os.pread(self._fd, count, self._pos) if count else b""
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
@@ -130,4 +159,6 @@ class CachedFile(io.RawIOBase):
     def close(self) -> None:
         if not self.closed:
             os.close(self._fd)  # also releases the shared lock that guards against eviction
+            if self._direct is not None:
+                self._direct.close()
         super().close()

@@ -11,7 +11,8 @@ the matching built-in so that callers' ``except FileNotFoundError`` clauses keep
     │   ├── StoreUnavailableError(ConnectionError)  retries spent: unreachable, 5xx, throttled
     │   └── ObjectChangedError               the object changed while it was being fetched
     ├── CacheTimeoutError(TimeoutError)      waited too long for another fetcher
-    └── CacheCorruptError(OSError)           a cache entry failed its integrity check
+    ├── CacheCorruptError(OSError)           a cache entry failed its integrity check
+    └── TierFullError(OSError)               the tier's filesystem is out of space (ENOSPC)
 
 Messages name the bucket/key, the endpoint and the operation, never credentials.
 """
@@ -53,3 +54,7 @@ class CacheTimeoutError(TierCacheError, TimeoutError):
 
 class CacheCorruptError(TierCacheError, OSError):
     """A cache entry failed its size or digest check."""
+
+
+class TierFullError(TierCacheError, OSError):
+    """The tier's filesystem ran out of space (or quota); reads then bypass the tier."""

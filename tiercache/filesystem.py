@@ -20,11 +20,13 @@ from fsspec.utils import stringify_path
 
 from tiercache.cached_file import CachedFile
 from tiercache.config import TierCacheConfig
-from tiercache.errors import ConfigError, ObjectNotFoundError
+from tiercache.direct_file import DirectFile
+from tiercache.errors import ConfigError, ObjectNotFoundError, TierFullError
 from tiercache.read_path import source_url
 from tiercache.runtime import runtime_for
 from tiercache.staged_write import Committer, StagedWriteFile
 from tiercache.store.base import ListEntry, ObjectInfo, ObjectStore
+from tiercache.store.retry import RetryPolicy
 from tiercache.store.s3_options import S3Options
 from tiercache.tiers.local import EvictionReport
 
@@ -120,13 +122,22 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         autocommit: bool = True,
         cache_options: dict[str, Any] | None = None,
         **kwargs: Any,
-    ) -> CachedFile | StagedWriteFile:
+    ) -> CachedFile | DirectFile | StagedWriteFile:
         bucket, key = self.split_path(path)
         if not key:
             raise IsADirectoryError(21, "a bucket is not a file", path)
         if mode == "rb":
-            opened = self.read_path.open(bucket, key)
-            return CachedFile(f"{bucket}/{key}", opened, self._count_read)
+            try:
+                opened = self.read_path.open(bucket, key)
+            except TierFullError:
+                return self._direct_file(bucket, key)
+
+            def fall_back(exc: OSError) -> DirectFile | None:
+                if self.read_path.tier_full_error(exc, bucket, key) is None:
+                    return None
+                return self._direct_file(bucket, key)
+
+            return CachedFile(f"{bucket}/{key}", opened, self._count_read, on_tier_full=fall_back)
         if mode in ("wb", "xb"):
             if mode == "xb" and self.exists(path):
                 raise FileExistsError(17, "object exists", path)
@@ -157,6 +168,11 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         raise ValueError(
             f"mode {mode!r} is not supported: use 'rb' or 'wb' (objects have no append)"
         )
+
+    def _direct_file(self, bucket: str, key: str) -> DirectFile:
+        """Read an object straight from the store (its tier has no room for it)."""
+        retry = RetryPolicy(attempts=self.config.retries)
+        return DirectFile(f"{bucket}/{key}", self.store, bucket, key, retry)
 
     def _count_read(self, nbytes: int) -> None:
         self._stats.add("bytes_read", nbytes)

@@ -9,6 +9,7 @@ bytes as they arrive.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import threading
@@ -18,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from tiercache import forksafe
 from tiercache.config import TierCacheConfig
-from tiercache.errors import ObjectNotFoundError
+from tiercache.errors import ObjectNotFoundError, TierFullError
 from tiercache.fetch import Fetch, FetchRequest
 from tiercache.stats import Stats
 from tiercache.store.base import ObjectStore
@@ -139,7 +140,10 @@ class ReadPath:
 
     def _open_through_fetch(self, bucket: str, key: str) -> OpenedObject:
         fetch = self._join_or_start(bucket, key)
-        fetch.wait_started()
+        try:
+            fetch.wait_started()
+        except OSError as exc:
+            raise self.tier_full_error(exc, bucket, key) or exc from exc
         if fetch.info is None:  # satisfied by an entry another process published
             return self._open_published(fetch)
         try:
@@ -148,6 +152,18 @@ class ReadPath:
             return self._open_published(fetch)
         fcntl.flock(fd, fcntl.LOCK_SH)
         return OpenedObject(fd, fetch.info.size, fetch.info.etag, fetch)
+
+    def tier_full_error(self, exc: OSError, bucket: str, key: str) -> TierFullError | None:
+        """A ``TierFullError`` if ``exc`` says the tier's filesystem is out of space."""
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or isinstance(exc, TierFullError):
+            return exc if isinstance(exc, TierFullError) else None
+        self._stats.add("tier_full")
+        return TierFullError(
+            exc.errno,
+            f"no space left in the local tier for s3://{bucket}/{key}; reading it "
+            "straight from the store (free space or lower local_max_bytes)",
+            self._tier.root,
+        )
 
     def _open_published(self, fetch: Fetch) -> OpenedObject:
         entry = fetch.wait_finished()

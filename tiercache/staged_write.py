@@ -7,6 +7,7 @@ Bytes go to a file in the tier's staging area while their xxh3 digest is compute
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from typing import Any
 import xxhash
 
 from tiercache.digest import xxh3_file
+from tiercache.errors import TierFullError
 from tiercache.tiers.local import LocalTier
 
 
@@ -68,6 +70,7 @@ class StagedWriteFile(io.RawIOBase):
         self._hasher = xxhash.xxh3_64()
         self._size = 0
         self._fd_exposed = False
+        self._broken = False
         self.info: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
@@ -93,14 +96,28 @@ class StagedWriteFile(io.RawIOBase):
         self._checkClosed()
         view = memoryview(data).cast("B")
         done = 0
-        while done < len(view):
-            done += os.write(self._fd, view[done:])
+        try:
+            while done < len(view):
+                done += os.write(self._fd, view[done:])
+        except OSError as exc:
+            self._broken = True  # a file missing bytes must never be committed
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise TierFullError(
+                    exc.errno,
+                    f"no space left in the local tier while writing {self.path} "
+                    f"({self._size + done} bytes written); nothing of it will be uploaded",
+                    self._staged,
+                ) from exc
+            raise
         self._hasher.update(view)
         self._size += done
         return done
 
     def close(self) -> None:
         if self.closed:
+            return
+        if self._broken:
+            self.discard()
             return
         try:
             os.fsync(self._fd)

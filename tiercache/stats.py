@@ -13,6 +13,7 @@ COUNTERS = (
     "revalidations",
     "invalidations",
     "corrupt_entries",
+    "tier_full",
     "fetches",
     "fetches_joined",
     "fetches_joined_other_process",
