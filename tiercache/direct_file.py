@@ -63,7 +63,8 @@ class DirectFile(io.RawIOBase):
                 self._drop_stream()
                 if failures >= self._retry.attempts:
                     raise StoreUnavailableError(
-                        f"GetObject s3://{self._bucket}/{self._key} at byte {self._pos}: "
+                        f"GetObject s3://{self._bucket}/{self._key} at byte {self._pos} at "
+                        f"{self._store.namespace.partition(':')[2]}: "
                         f"failed after {failures} attempts: {exc}"
                     ) from exc
                 time.sleep(self._retry.delay(failures))

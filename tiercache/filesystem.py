@@ -208,12 +208,15 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         else:
             bucket, key = self.split_path(path)
             prefix = f"{key}/" if key else ""
+            # Pending writes first: one whose upload ends during the listing is then in one
+            # of the two (read the other way round it could be in neither).
+            pending = self._pending_rows(bucket, prefix, nested=False)
             rows = [
                 _entry_dict(e)
                 for e in self.store.list_objects(bucket, prefix, "/")
                 if e.key != prefix
             ]
-            rows = _merge_rows(rows, self._pending_rows(bucket, prefix, nested=False))
+            rows = _merge_rows(rows, pending)
             if not rows and key:
                 info = self.info(path)
                 if info["type"] == "file":
@@ -235,12 +238,13 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         bucket, key = self.split_path(path)
         prefix = f"{key}/" if key else ""
         found: dict[str, dict[str, Any]] = {}
+        pending = self._pending_rows(bucket, prefix, nested=True)  # first: see ls
         listed = [
             _entry_dict(e)
             for e in self.store.list_objects(bucket, prefix, None)
             if not e.key.endswith("/")  # zero-byte "directory marker" objects
         ]
-        for row in _merge_rows(listed, self._pending_rows(bucket, prefix, nested=True)):
+        for row in _merge_rows(listed, pending):
             found[row["name"]] = row
             if withdirs:
                 _add_parent_dirs(found, path, row["name"])

@@ -75,6 +75,7 @@ class Uploader:
         self._queue: list[str] = []
         self._attempts: dict[str, _Attempts] = {}
         self._forced: set[str] = set()
+        self._active: set[str] = set()  # taken by a worker, not finished
         self._writers = 0
         self._last_write = 0.0
         self._started = False
@@ -113,10 +114,15 @@ class Uploader:
             self._last_write = time.monotonic()
             self._cond.notify_all()
 
-    def _wait_for_quiet(self) -> None:
-        """Hold an upload back while this process writes (called with the condition held)."""
+    def _wait_for_quiet(self, entry_id: str) -> None:
+        """Hold an upload back while this process writes (called with the condition held).
+
+        A flush cuts the wait short: it asked for these uploads now.
+        """
         give_up = time.monotonic() + _DEFER_WHILE_WRITING
         while (now := time.monotonic()) < give_up:
+            if entry_id in self._forced or any(e in self._forced for e in self._queue):
+                return
             if self._writers == 0 and now - self._last_write >= _QUIET_AFTER_WRITES:
                 return
             self._cond.wait(min(give_up - now, _QUIET_AFTER_WRITES))
@@ -141,7 +147,8 @@ class Uploader:
                 with self._cond:
                     attempts = self._attempts.get(record.entry_id)
                     due = attempts is None or attempts.not_before <= now
-                    if due and record.entry_id not in self._queue:
+                    queued = record.entry_id in self._queue or record.entry_id in self._active
+                    if due and not queued:
                         self._queue.append(record.entry_id)
                         self._cond.notify_all()
             time.sleep(_SCAN_INTERVAL)
@@ -151,8 +158,8 @@ class Uploader:
             with self._cond:
                 self._cond.wait_for(lambda: bool(self._queue))
                 entry_id = self._queue.pop(0)
-                if entry_id not in self._forced:
-                    self._wait_for_quiet()
+                self._active.add(entry_id)
+                self._wait_for_quiet(entry_id)
             try:
                 self._upload_one(entry_id)
             except Exception as exc:  # recorded and retried: an upload error is never fatal
@@ -160,6 +167,9 @@ class Uploader:
             else:
                 with self._cond:
                     self._attempts.pop(entry_id, None)
+            finally:
+                with self._cond:
+                    self._active.discard(entry_id)
 
     def _failed(self, entry_id: str, exc: Exception) -> None:
         self._stats.add("upload_errors")
@@ -229,8 +239,9 @@ class Uploader:
                 attempts = self._attempts.get(entry_id)
                 if attempts is not None:
                     attempts.not_before = 0.0
-                if entry_id not in self._queue:
-                    self._queue.append(entry_id)
+                if entry_id in self._queue:
+                    self._queue.remove(entry_id)
+                self._queue.insert(0, entry_id)  # ahead of uploads nobody is waiting for
             self._forced.update(entry_ids)
             self._cond.notify_all()
 

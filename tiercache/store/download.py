@@ -141,7 +141,8 @@ def _copy_range(
                     stream = None
                 if failures >= retry.attempts:
                     raise StoreUnavailableError(
-                        f"GetObject s3://{info.bucket}/{info.key} bytes {pos}-{end}: "
+                        f"GetObject s3://{info.bucket}/{info.key} bytes {pos}-{end} at "
+                        f"{store.namespace.partition(':')[2]}: "
                         f"failed after {failures} attempts: {exc}"
                     ) from exc
                 time.sleep(retry.delay(failures))

@@ -119,7 +119,12 @@ class S3Store:
 
     @property
     def namespace(self) -> str:
-        return "s3:" + (self.options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or "aws")
+        return "s3:" + self.endpoint
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint requests go to, for messages (never carries credentials)."""
+        return self.options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or "aws"
 
     # -- the gateway -------------------------------------------------------------------------
 
@@ -168,7 +173,7 @@ class S3Store:
             try:
                 return request(self.client())
             except botocore.exceptions.ClientError as exc:
-                raise translate_client_error(exc, op, bucket, key) from None
+                raise translate_client_error(exc, op, bucket, key, self.endpoint) from None
             except botocore.exceptions.NoCredentialsError:
                 raise AccessDeniedError(
                     f"{op} s3://{bucket}/{key}: no credentials found; pass key/secret in the "
@@ -179,7 +184,7 @@ class S3Store:
             except Exception as exc:
                 raise translate_transport_error(exc, op, bucket, key) from exc
 
-        where = f"{op} s3://{bucket}/{key} at {self.namespace[3:]}"
+        where = f"{op} s3://{bucket}/{key} at {self.endpoint}"
         return self.retry.run(attempt, where)
 
     def request_counts(self) -> dict[str, int]:
@@ -368,6 +373,7 @@ class S3Store:
                 "DeleteObjects",
                 bucket,
                 first.get("Key", ""),
+                self.endpoint,
             )
 
     def copy(self, src_bucket: str, src_key: str, dst_bucket: str, dst_key: str) -> None:

@@ -61,23 +61,23 @@ _TRANSPORT = (
 
 
 def translate_client_error(
-    exc: botocore.exceptions.ClientError, op: str, bucket: str, key: str
+    exc: botocore.exceptions.ClientError, op: str, bucket: str, key: str, endpoint: str = ""
 ) -> Exception:
     """Map an error response from S3 to a built-in-compatible tiercache exception."""
     error: Any = exc.response.get("Error", {})
     code = str(error.get("Code", ""))
     status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     where = f"s3://{bucket}/{key}" if key else f"s3://{bucket}"
+    at = f" at {endpoint}" if endpoint else ""
     message = str(error.get("Message") or code)
-    text = f"{op} {where}: {code}: {message}"
+    text = f"{op} {where}{at}: {code}: {message}"
     if code in _NOT_FOUND:
-        return ObjectNotFoundError(
-            2, f"{op}: no such {'bucket' if code == 'NoSuchBucket' else 'object'}", where
-        )
+        kind = "bucket" if code == "NoSuchBucket" else "object"
+        return ObjectNotFoundError(2, f"{op}: no such {kind}{at}", where)
     if code in _DENIED:
-        return AccessDeniedError(13, f"{op}: access denied ({code})", where)
+        return AccessDeniedError(13, f"{op}: access denied ({code}){at}", where)
     if code in _CHANGED:
-        return ObjectChangedError(f"{op} {where}: the object changed while it was being read")
+        return ObjectChangedError(f"{op} {where}{at}: the object changed while it was being read")
     if code in _RETRYABLE or (isinstance(status, int) and status >= 500):
         return RetryableError(text)
     return StoreError(text)
