@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import time
@@ -36,6 +37,7 @@ def test_wrong_credentials_raise_permission_error(
     assert SECRET not in str(err.value) and SECRET not in repr(err.value)
     assert SECRET not in caplog.text
     assert SECRET not in repr(fs) and SECRET not in repr(fs.store)
+    assert SECRET not in json.dumps(fs.stats())  # nor in the metrics
 
 
 def test_unreachable_store_fails_fast_with_bounded_retries(tmp_path: Path) -> None:
