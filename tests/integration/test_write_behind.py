@@ -113,10 +113,9 @@ def test_close_returns_while_the_store_is_frozen(
     assert fs.pending() == []
 
 
-def _write_then_wait(
-    options: dict[str, Any], local_dir: str, path: str, data: bytes, closed: Any
-) -> None:
-    fs = TierCacheFileSystem(
+def _child_fs(options: dict[str, Any], local_dir: str) -> TierCacheFileSystem:
+    """The filesystem a spawned process builds: short timeouts, the test's cache."""
+    return TierCacheFileSystem(
         target_options=options,
         local_dir=local_dir,
         retries=2,
@@ -124,6 +123,12 @@ def _write_then_wait(
         read_timeout=2,
         skip_instance_cache=True,
     )
+
+
+def _write_then_wait(
+    options: dict[str, Any], local_dir: str, path: str, data: bytes, closed: Any
+) -> None:
+    fs = _child_fs(options, local_dir)
     with fs.open(path, "wb") as f:
         f.write(data)
     closed.set()
@@ -311,14 +316,7 @@ def test_status_and_flush_commands_finish_a_dead_writers_uploads(
 
 
 def _drain(options: dict[str, Any], local_dir: str, start: Any, out: Any) -> None:
-    fs = TierCacheFileSystem(
-        target_options=options,
-        local_dir=local_dir,
-        retries=2,
-        connect_timeout=1,
-        read_timeout=2,
-        skip_instance_cache=True,
-    )
+    fs = _child_fs(options, local_dir)
     start.wait()
     fs.flush(timeout=120)
     out.put(fs.stats()["uploads"])
