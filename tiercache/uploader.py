@@ -76,6 +76,7 @@ class Uploader:
         self._attempts: dict[str, _Attempts] = {}
         self._forced: set[str] = set()
         self._active: set[str] = set()  # taken by a worker, not finished
+        self._deferred: set[str] = set()  # commit markers waiting for their directory
         self._writers = 0
         self._last_write = 0.0
         self._started = False
@@ -166,7 +167,9 @@ class Uploader:
                 self._failed(entry_id, exc)
             else:
                 with self._cond:
-                    self._attempts.pop(entry_id, None)
+                    if entry_id not in self._deferred:
+                        self._attempts.pop(entry_id, None)
+                        self._forced.discard(entry_id)
             finally:
                 with self._cond:
                     self._active.discard(entry_id)
@@ -246,10 +249,19 @@ class Uploader:
             self._cond.notify_all()
 
     def _defer(self, entry_id: str) -> None:
+        """Park a commit marker; every finished upload puts the parked ones back in line."""
         with self._cond:
             attempts = self._attempts.setdefault(entry_id, _Attempts())
-            attempts.not_before = time.time() + 0.05
             attempts.last_error = "waiting for the other files of its directory"
+            self._deferred.add(entry_id)
+
+    def _requeue_deferred(self) -> None:
+        with self._cond:
+            for entry_id in self._deferred:
+                if entry_id not in self._queue:
+                    self._queue.append(entry_id)
+            self._deferred.clear()
+            self._cond.notify_all()
 
     def _upload_generation(self, record: JournalRecord) -> ObjectInfo | None:
         """Upload the recorded generation's bytes; None if they no longer exist anywhere."""
@@ -309,4 +321,5 @@ class Uploader:
         if posixpath.basename(record.key) == self._config.commit_marker:
             self._checkpoints.committed(record.bucket, posixpath.dirname(record.key))
         self._stats.add("uploads")
+        self._requeue_deferred()
         self._stats.add("bytes_uploaded", record.size)
