@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tiercache.read_path import OpenedObject
+from tiercache.seek import seek_target
 
 _MAX_PREAD = 1 << 30  # pread moves at most ~2 GiB per call on Linux; stay well below
 
@@ -139,18 +140,8 @@ class CachedFile(io.RawIOBase):
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         self._checkClosed()
-        if whence == io.SEEK_SET:
-            target = offset
-        elif whence == io.SEEK_CUR:
-            target = self._pos + offset
-        elif whence == io.SEEK_END:
-            target = self.size + offset
-        else:
-            raise ValueError(f"invalid whence {whence}")
-        if target < 0:
-            raise ValueError(f"negative seek position {target}")
-        self._pos = target
-        return target
+        self._pos = seek_target(self._pos, self.size, offset, whence)
+        return self._pos
 
     def tell(self) -> int:
         self._checkClosed()

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from tiercache.errors import StoreUnavailableError
+from tiercache.seek import seek_target
 from tiercache.store.base import ObjectStore, ObjectStream
 from tiercache.store.retry import RetryableError, RetryPolicy
 
@@ -88,14 +89,10 @@ class DirectFile(io.RawIOBase):
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         self._checkClosed()
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}.get(whence)
-        if base is None:
-            raise ValueError(f"invalid whence {whence}")
-        if base + offset < 0:
-            raise ValueError(f"negative seek position {base + offset}")
-        if base + offset != self._pos:
-            self._drop_stream()
-            self._pos = base + offset
+        target = seek_target(self._pos, self.size, offset, whence)
+        if target != self._pos:
+            self._drop_stream()  # the open range starts elsewhere
+            self._pos = target
         return self._pos
 
     def tell(self) -> int:

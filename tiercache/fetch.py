@@ -25,7 +25,7 @@ from tiercache.store.base import ObjectInfo, ObjectStore
 from tiercache.store.download import CHUNK, download
 from tiercache.store.retry import RetryPolicy
 from tiercache.tiers.entry import CachedEntry, EntryMeta, EntryPaths
-from tiercache.tiers.local import LocalTier
+from tiercache.tiers.local import LocalTier, remove_file
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,8 @@ class Fetch:
             meta = EntryMeta.for_object(info, req.source, req.namespace, self._hasher.hexdigest())
             entry = self._tier.publish(paths, self._fd, meta)
         except BaseException:
-            _remove_quietly(paths.part)
+            with contextlib.suppress(OSError):  # never mask the error being raised
+                remove_file(paths.part)
             raise
         finally:
             self._tier.release(self._reserved)
@@ -216,8 +217,3 @@ class Fetch:
             self._cond.notify_all()
         if self._on_finish is not None:
             self._on_finish(self)
-
-
-def _remove_quietly(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)

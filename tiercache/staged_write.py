@@ -19,7 +19,7 @@ import xxhash
 
 from tiercache.digest import xxh3_file
 from tiercache.errors import TierFullError
-from tiercache.tiers.local import LocalTier
+from tiercache.tiers.local import LocalTier, remove_file
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,4 @@ class StagedWriteFile(io.RawIOBase):
         if self._on_close is not None:
             self._on_close()
         os.close(self._fd)
-        try:
-            os.unlink(self._staged)
-        except FileNotFoundError:
-            pass  # the committer moved it into the tier
+        remove_file(self._staged)  # gone already if the committer moved it into the tier

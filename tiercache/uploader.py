@@ -9,7 +9,6 @@ or ``upload_deadline`` passes; the record stays in the journal either way until 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -28,7 +27,7 @@ from tiercache.journal import Journal, JournalRecord
 from tiercache.stats import Stats
 from tiercache.store.base import ObjectInfo, ObjectStore
 from tiercache.store.retry import RetryPolicy
-from tiercache.tiers.local import LocalTier
+from tiercache.tiers.local import LocalTier, remove_file
 
 log = logging.getLogger("tiercache.uploader")
 
@@ -279,13 +278,11 @@ class Uploader:
                 record.bucket, record.key, link, metadata={DIGEST_METADATA_KEY: record.digest}
             )
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(link)
+            remove_file(link)
 
     def _link_bytes(self, record: JournalRecord, link: str) -> bool:
         """Hard-link the bytes of exactly this generation, so an overwrite cannot mix in."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(link)
+        remove_file(link)
         entry = self._tier.lookup(record.entry_id, record.namespace, record.source)
         candidates = []
         if entry is not None and entry.meta.generation == record.generation:

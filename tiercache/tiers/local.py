@@ -190,7 +190,7 @@ class LocalTier:
 
     def create_part(self, paths: EntryPaths) -> int:
         """Create the part file afresh (a dead fetcher's leftover goes); hold the entry lock."""
-        _remove(paths.part)
+        remove_file(paths.part)
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         return os.open(paths.part, flags, self.file_mode)
 
@@ -213,7 +213,7 @@ class LocalTier:
             os.fsync(fd)
             durable = True
         meta = dataclasses.replace(meta, boot_id=self.boot_id)
-        _remove(paths.meta)
+        remove_file(paths.meta)
         os.rename(src or paths.part, paths.data)
         write_atomically(paths.meta, meta.to_json(), self.file_mode, durable=durable)
         if durable:
@@ -231,8 +231,8 @@ class LocalTier:
     def invalidate(self, entry_id: str, timeout: float) -> None:
         """Drop an entry (its object changed or was deleted)."""
         with self.entry_lock(entry_id, timeout) as paths:
-            _remove(paths.meta)
-            _remove(paths.data)
+            remove_file(paths.meta)
+            remove_file(paths.data)
 
     # -- space -------------------------------------------------------------------------------
 
@@ -295,10 +295,10 @@ class LocalTier:
             if is_shared_locked(paths.data):
                 return False
             if not dry_run:
-                _remove(paths.meta)
-                _remove(paths.data)
-                _remove(paths.part)
-                _remove(paths.lock)  # waiters on the old inode notice and retry (try_lock)
+                remove_file(paths.meta)
+                remove_file(paths.data)
+                remove_file(paths.part)
+                remove_file(paths.lock)  # waiters on the old inode notice and retry (try_lock)
             return True
         finally:
             unlock(fd)
@@ -329,7 +329,8 @@ class LocalTier:
         return [_ScanRow(k, int(v[0]), v[1]) for k, v in rows.items() if len(k) == 64]
 
 
-def _remove(path: str) -> None:
+def remove_file(path: str) -> None:
+    """Unlink ``path`` if it exists."""
     with suppress(FileNotFoundError):
         os.unlink(path)
 
