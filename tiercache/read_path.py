@@ -89,6 +89,19 @@ class ReadPath:
                 return OpenedObject(fd, entry.meta.size, entry.meta.etag, None)
         return self._open_through_fetch(bucket, key)
 
+    def warm(self, bucket: str, key: str) -> Fetch | None:
+        """Bring an object into the tier without reading it (prefetch).
+
+        Returns None when a valid entry is already there, else the fetch that brings it: the
+        one already running in this process for the object (joined), or a new one.
+        """
+        entry = self.cached(bucket, key)
+        if entry is not None:
+            entry = self._validate(entry, bucket, key)
+        if entry is not None and self._tier.is_intact(entry):
+            return None
+        return self._join_or_start(bucket, key)
+
     def wait_idle(self) -> None:
         """Wait until every fetch this process started has published (or failed)."""
         with self._flights_lock:

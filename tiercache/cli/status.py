@@ -1,0 +1,61 @@
+"""``tiercache status``: tier usage and the uploads still pending."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from tiercache.cli.common import (
+    add_json_flag,
+    add_tier_flags,
+    config_from_args,
+    human_bytes,
+    print_json,
+)
+from tiercache.journal import Journal
+from tiercache.tiers.local import LocalTier
+
+NAME = "status"
+HELP = "tier usage and the uploads still pending (reads only local files, no store access)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_tier_flags(parser)
+    add_json_flag(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    tier = LocalTier(config.local_dir, config.local_max_bytes, config.file_mode, config.dir_mode)
+    journal = Journal(tier.root, config.file_mode, config.dir_mode)
+    now = time.time()
+    pending: list[dict[str, Any]] = [
+        {
+            "name": f"{r.bucket}/{r.key}",
+            "size": r.size,
+            "age_s": round(now - r.created_at, 1),
+            "store": r.namespace,
+        }
+        for r in journal.records()
+    ]
+    report: dict[str, Any] = {
+        "local_dir": tier.root,
+        "local_usage_bytes": tier.usage(fresh=True),
+        "local_max_bytes": config.local_max_bytes,
+        "pending_uploads": len(pending),
+        "pending_bytes": sum(p["size"] for p in pending),
+        "pending": pending,
+    }
+    if args.json:
+        print_json(report)
+        return 0
+    print(f"local tier  {report['local_dir']}")
+    print(
+        f"  usage     {human_bytes(report['local_usage_bytes'])} "
+        f"of {human_bytes(report['local_max_bytes'])}"
+    )
+    print(f"  pending   {len(pending)} upload(s), {human_bytes(report['pending_bytes'])}")
+    for row in pending:
+        print(f"    {row['name']}  {human_bytes(row['size'])}  waiting {row['age_s']:.0f} s")
+    return 0
