@@ -20,6 +20,8 @@ from tiercache.errors import ConfigError
 Consistency = Literal["immutable", "ttl", "always"]
 WriteMode = Literal["behind", "through"]
 Verify = Literal["reboot", "always"]
+SharedPolicy = Literal["promote", "serve"]
+SharedAuth = Literal["store", "trust"]
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -93,6 +95,24 @@ class TierCacheConfig:
         verify: when a cached file is checked against its xxh3 digest before it is served:
             ``reboot`` once after each kernel boot (what a crash can tear), ``always`` on every
             open (catches any corruption on disk, at the cost of reading each file twice).
+        shared_dir: directory of the shared tier on a filesystem many hosts mount (GPFS,
+            Lustre, NFS, CephFS); None: no shared tier. Reads go local → shared → store; a
+            miss fills the shared tier, so one host fetches an object for all of them.
+        shared_max_bytes: byte budget of the shared tier.
+        shared_policy: on a shared-tier hit, ``promote`` copies the object into the local
+            tier and serves it from there; ``serve`` reads it from the shared tier in place.
+        shared_auth: ``store``: before serving a shared entry, ask the store (a HEAD with the
+            reader's credentials, at most once per ``ttl`` per object and process) whether
+            this reader may read the object; ``trust``: anyone who can read the shared
+            directory gets its bytes.
+        shared_file_mode: permission bits of shared-tier files (default: ``file_mode``); give
+            the group read and write (0o660) to share the tier between users of a group.
+        host_id: this host's name in shared-tier leases (default: the hostname).
+        lease_stale_after: seconds without a heartbeat after which another host takes over a
+            shared-tier fetch (its owner is presumed dead).
+        high_watermark: fraction of a tier's budget at which eviction starts.
+        low_watermark: fraction of a tier's budget eviction frees down to.
+        min_free_bytes: free space eviction keeps on each tier's filesystem.
     """
 
     local_dir: str = dataclasses.field(default_factory=default_local_dir)
@@ -114,6 +134,16 @@ class TierCacheConfig:
     exit_flush_timeout: float = 60.0
     keep_checkpoints: int = 2
     verify: Verify = "reboot"
+    shared_dir: str | None = None
+    shared_max_bytes: int = 100 * GiB
+    shared_policy: SharedPolicy = "promote"
+    shared_auth: SharedAuth = "store"
+    shared_file_mode: int | None = None
+    host_id: str | None = None
+    lease_stale_after: float = 30.0
+    high_watermark: float = 1.0
+    low_watermark: float = 0.95
+    min_free_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.local_dir, str) or not self.local_dir:
@@ -147,6 +177,33 @@ class TierCacheConfig:
         _require_int("keep_checkpoints", self.keep_checkpoints, minimum=0, maximum=1000)
         if self.verify not in get_args(Verify):
             raise ConfigError(f"verify must be reboot or always, got {self.verify!r}")
+        self._check_shared()
+
+    def _check_shared(self) -> None:
+        if self.shared_dir is not None and (
+            not isinstance(self.shared_dir, str) or not self.shared_dir
+        ):
+            raise ConfigError("shared_dir must be a non-empty path or None")
+        _require_int("shared_max_bytes", self.shared_max_bytes, minimum=1)
+        if self.shared_policy not in get_args(SharedPolicy):
+            raise ConfigError(f"shared_policy must be promote or serve, got {self.shared_policy!r}")
+        if self.shared_auth not in get_args(SharedAuth):
+            raise ConfigError(f"shared_auth must be store or trust, got {self.shared_auth!r}")
+        if self.shared_file_mode is not None:
+            _require_int("shared_file_mode", self.shared_file_mode, minimum=0o400, maximum=0o666)
+            if not self.shared_file_mode & 0o600 == 0o600:
+                raise ConfigError("shared_file_mode must give the owner read and write (0o600)")
+        if self.host_id is not None and (not isinstance(self.host_id, str) or not self.host_id):
+            raise ConfigError("host_id must be a non-empty string or None")
+        _require_number("lease_stale_after", self.lease_stale_after, minimum=0.1)
+        _require_number("high_watermark", self.high_watermark, minimum=0.01)
+        _require_number("low_watermark", self.low_watermark, minimum=0.0)
+        if not self.low_watermark <= self.high_watermark <= 1.0:
+            raise ConfigError(
+                "watermarks must satisfy 0 <= low_watermark <= high_watermark <= 1, got "
+                f"low {self.low_watermark}, high {self.high_watermark}"
+            )
+        _require_int("min_free_bytes", self.min_free_bytes, minimum=0)
 
     @property
     def dirty_budget(self) -> int:
@@ -156,12 +213,13 @@ class TierCacheConfig:
     @property
     def dir_mode(self) -> int:
         """Directory permission bits matching ``file_mode`` (read implies search)."""
-        mode = self.file_mode | 0o700
-        if self.file_mode & 0o040:
-            mode |= 0o010
-        if self.file_mode & 0o004:
-            mode |= 0o001
-        return mode
+        return dir_mode_for(self.file_mode)
+
+    @property
+    def shared_modes(self) -> tuple[int, int]:
+        """File and directory permission bits of the shared tier."""
+        mode = self.file_mode if self.shared_file_mode is None else self.shared_file_mode
+        return mode, dir_mode_for(mode)
 
     @classmethod
     def from_options(
@@ -186,7 +244,23 @@ class TierCacheConfig:
         return cls(**values)
 
 
-_SIZE_FIELDS = {"local_max_bytes", "part_size", "dirty_max_bytes"}
+def dir_mode_for(file_mode: int) -> int:
+    """Directory permission bits for files of ``file_mode`` (read implies search)."""
+    mode = file_mode | 0o700
+    if file_mode & 0o040:
+        mode |= 0o010
+    if file_mode & 0o004:
+        mode |= 0o001
+    return mode
+
+
+_SIZE_FIELDS = {
+    "local_max_bytes",
+    "part_size",
+    "dirty_max_bytes",
+    "shared_max_bytes",
+    "min_free_bytes",
+}
 _INT_FIELDS = {"fetch_concurrency", "retries", "upload_workers", "keep_checkpoints"}
 _FLOAT_FIELDS = {
     "ttl",
@@ -195,6 +269,9 @@ _FLOAT_FIELDS = {
     "read_timeout",
     "upload_deadline",
     "exit_flush_timeout",
+    "lease_stale_after",
+    "high_watermark",
+    "low_watermark",
 }
 
 
@@ -203,7 +280,7 @@ def _coerce(name: str, value: Any, source: str | None = None) -> Any:
     label = source or name
     if name in _SIZE_FIELDS:
         return parse_size(value, label)
-    if name == "file_mode" and isinstance(value, str):
+    if name in ("file_mode", "shared_file_mode") and isinstance(value, str):
         try:
             return int(value, 8)
         except ValueError:
@@ -217,8 +294,8 @@ def _coerce(name: str, value: Any, source: str | None = None) -> Any:
         try:
             return float(value)
         except ValueError:
-            raise ConfigError(f"{label} must be a number of seconds, got {value!r}") from None
-    if name == "local_dir" and isinstance(value, os.PathLike):
+            raise ConfigError(f"{label} must be a number, got {value!r}") from None
+    if name in ("local_dir", "shared_dir") and isinstance(value, os.PathLike):
         return os.fspath(value)
     return value
 

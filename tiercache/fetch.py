@@ -42,6 +42,9 @@ class FetchRequest:
     lock_timeout: float
     # Accept an entry another process published while we waited for its lock.
     accept_existing: Callable[[CachedEntry], bool]
+    # Runs once the entry is published (or found published), before readers are told: the
+    # shared tier's fetch copies the object into the local tier here.
+    after_publish: Callable[[CachedEntry], None] | None = None
 
 
 class Fetch:
@@ -175,6 +178,11 @@ class Fetch:
             self._stats.add("fetch_errors")
             self._finish(error=exc)
             return
+        if req.after_publish is not None:
+            try:
+                req.after_publish(entry)
+            except Exception:  # the entry is published: a failed extra copy costs no read
+                self._stats.add("promotion_errors")
         self._finish(entry=entry)  # after the lock is released: waiters may evict at once
 
     def _download_and_publish(self, paths: EntryPaths) -> CachedEntry:

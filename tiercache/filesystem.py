@@ -28,7 +28,7 @@ from tiercache.staged_write import Committer, StagedWriteFile
 from tiercache.store.base import ListEntry, ObjectInfo, ObjectStore
 from tiercache.store.retry import RetryPolicy
 from tiercache.store.s3_options import S3Options
-from tiercache.tiers.local import EvictionReport
+from tiercache.tiers.local import EvictionReport, LocalTier
 
 try:  # fsspec >= 2025.x marks filesystems meant to be chained (``tiercache::s3://``)
     from fsspec.implementations.chained import ChainedFileSystem as _Base
@@ -432,31 +432,79 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
 
     # -- the cache ---------------------------------------------------------------------------
 
-    def is_cached(self, path: str) -> bool:
-        """True if the object's bytes are in the local tier (not checked against the store)."""
-        return self.read_path.cached(*self.split_path(path)) is not None
+    def is_cached(self, path: str, tier: str = "local") -> bool:
+        """True if the object's bytes are in the tier (``local``, ``shared`` or ``any``).
+
+        Not checked against the store.
+        """
+        bucket, key = self.split_path(path)
+        local = tier in ("local", "any") and self.read_path.cached(bucket, key) is not None
+        shared = tier in ("shared", "any") and self.read_path.cached_shared(bucket, key) is not None
+        if tier not in ("local", "shared", "any"):
+            raise ValueError(f"tier must be local, shared or any, got {tier!r}")
+        return local or shared
+
+    def pin(self, path: str) -> None:
+        """Fetch an object (if needed) and keep it from eviction in every tier until ``unpin``."""
+        bucket, key = self.split_path(path)
+        entry_id = self.read_path.entry_id(bucket, key)
+        for tier in self._tiers():
+            tier.pin(entry_id)
+        fetch = self.read_path.warm(bucket, key)
+        if fetch is not None:
+            fetch.wait_finished()
+
+    def unpin(self, path: str) -> None:
+        """Let eviction remove the object again."""
+        entry_id = self.read_path.entry_id(*self.split_path(path))
+        for tier in self._tiers():
+            tier.unpin(entry_id)
+
+    def _tiers(self) -> list[LocalTier]:
+        shared = self._runtime.shared
+        return [self.tier] if shared is None else [self.tier, shared]
 
     def wait_fetches(self) -> None:
         """Wait until the fetches started by this process have published their entries."""
         self.read_path.wait_idle()
 
-    def evict(self, target_bytes: int | None = None, dry_run: bool = False) -> EvictionReport:
-        """Evict least-recently-used entries down to ``target_bytes`` (default: the budget)."""
-        target = self.config.local_max_bytes if target_bytes is None else target_bytes
-        report = self.tier.evict(target, dry_run=dry_run)
+    def evict(
+        self, target_bytes: int | None = None, dry_run: bool = False, tier: str = "local"
+    ) -> EvictionReport:
+        """Evict least-recently-used entries of a tier (``local`` or ``shared``) down to
+        ``target_bytes`` (default: the tier's budget). Pinned, open, dirty and in-flight
+        entries stay."""
+        chosen = self._tier_named(tier)
+        target = chosen.max_bytes if target_bytes is None else target_bytes
+        report = chosen.evict(target, dry_run=dry_run)
         if not dry_run:
             self._stats.add("evictions", len(report.removed))
             self._stats.add("bytes_evicted", report.removed_bytes)
         return report
 
+    def _tier_named(self, name: str) -> LocalTier:
+        if name == "local":
+            return self.tier
+        if name == "shared":
+            if self._runtime.shared is None:
+                raise ConfigError("there is no shared tier: set shared_dir")
+            return self._runtime.shared
+        raise ValueError(f"tier must be local or shared, got {name!r}")
+
     def stats(self) -> dict[str, Any]:
         """Counters of this process: cache hits/misses/bytes, store requests, tier usage."""
-        return {
+        out: dict[str, Any] = {
             **self._stats.snapshot(),
             "store_requests": self.store.request_counts(),
             "local_usage_bytes": self.tier.usage(fresh=True),
             "local_max_bytes": self.config.local_max_bytes,
         }
+        shared = self._runtime.shared
+        if shared is not None:
+            out["shared_usage_bytes"] = shared.usage(fresh=True)
+            out["shared_max_bytes"] = shared.max_bytes
+            out["leases_broken"] = shared.leases.broken
+        return out
 
 
 def _file_dict(info: ObjectInfo, cached: bool) -> dict[str, Any]:

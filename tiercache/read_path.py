@@ -1,9 +1,11 @@
 """The read path: validate a cached entry, serve a hit, or join/start a single-flight fetch.
 
 ``open`` goes: lookup in the local tier → revalidate per consistency mode → open the data
-(hit) → or join the fetch of this object already running in this process → or start one
-(which waits for another process's fetch of it, see ``Fetch``). The reader of a fetch gets
-bytes as they arrive.
+(hit) → else the same in the shared tier, if there is one (served in place, or promoted into
+the local tier first) → or join the fetch of this object already running in this process →
+or start one (which waits for another process's or host's fetch of it, see ``Fetch``). A
+fetch fills the shared tier when there is one (so that other hosts find the object there),
+then the local tier. The reader of a fetch gets bytes as they arrive.
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ from dataclasses import dataclass, replace
 
 from tiercache import forksafe
 from tiercache.config import TierCacheConfig
-from tiercache.errors import ObjectNotFoundError, TierFullError
+from tiercache.errors import CacheTimeoutError, ObjectNotFoundError, TierFullError
 from tiercache.fetch import Fetch, FetchRequest
+from tiercache.promote import promote
 from tiercache.stats import Stats
 from tiercache.store.base import ObjectStore
 from tiercache.store.retry import RetryPolicy
 from tiercache.tiers.entry import CachedEntry
 from tiercache.tiers.local import LocalTier
+from tiercache.tiers.shared import SharedTier
 
 
 @dataclass(frozen=True)
@@ -43,24 +47,33 @@ def source_url(bucket: str, key: str) -> str:
 
 
 class ReadPath:
-    """Serves reads of objects through the local tier."""
+    """Serves reads of objects through the local tier and, if there is one, the shared tier."""
 
     def __init__(
-        self, config: TierCacheConfig, tier: LocalTier, store: ObjectStore, stats: Stats
+        self,
+        config: TierCacheConfig,
+        tier: LocalTier,
+        store: ObjectStore,
+        stats: Stats,
+        shared: SharedTier | None = None,
     ) -> None:
         self._config = config
         self._tier = tier
+        self._shared = shared
+        self._fill_tier: LocalTier = shared or tier
         self._store = store
         self._stats = stats
         self._retry = RetryPolicy(attempts=config.retries)
         self._flights: dict[str, Fetch] = {}
         self._flights_lock = threading.Lock()
+        self._authorized: dict[str, float] = {}  # entry id -> when the store last said yes
         forksafe.register(self)
 
     def after_fork(self) -> None:
         """A child has none of the parent's fetch threads: start with an empty flight table."""
         self._flights = {}
         self._flights_lock = threading.Lock()
+        self._authorized = {}
 
     def entry_id(self, bucket: str, key: str) -> str:
         return self._tier.entry_id(self._store.namespace, bucket, key)
@@ -71,36 +84,105 @@ class ReadPath:
             self.entry_id(bucket, key), self._store.namespace, source_url(bucket, key)
         )
 
+    def cached_shared(self, bucket: str, key: str) -> CachedEntry | None:
+        """The object's entry in the shared tier (None without one), not validated."""
+        if self._shared is None:
+            return None
+        return self._shared.lookup(
+            self.entry_id(bucket, key), self._store.namespace, source_url(bucket, key)
+        )
+
     def open(self, bucket: str, key: str) -> OpenedObject:
-        """Open an object for reading through the tier."""
-        entry = self.cached(bucket, key)
-        if entry is not None and (self._config.verify == "always" or self._tier.needs_check(entry)):
-            entry = self._check_digest(entry)
-        if entry is not None:
-            entry = self._validate(entry, bucket, key)
-        if entry is not None:
-            try:
-                fd = self._tier.open_data(entry)
-            except FileNotFoundError:
-                pass  # evicted or torn between lookup and open: fetch it again
-            else:
-                self._stats.add("hits")
-                self._tier.touch(entry)
-                return OpenedObject(fd, entry.meta.size, entry.meta.etag, None)
-        return self._open_through_fetch(bucket, key)
+        """Open an object for reading through the tiers."""
+        opened = self._open_hit(self._tier, bucket, key)
+        if opened is None and self._shared is not None:
+            opened = self._open_shared(self._shared, bucket, key)
+        return opened or self._open_through_fetch(bucket, key)
 
     def warm(self, bucket: str, key: str) -> Fetch | None:
-        """Bring an object into the tier without reading it (prefetch).
+        """Bring an object into the tiers without reading it (prefetch).
 
-        Returns None when a valid entry is already there, else the fetch that brings it: the
-        one already running in this process for the object (joined), or a new one.
+        Returns None when a valid entry is already in the local tier (or in the shared tier,
+        promoted from there per ``shared_policy``), else the fetch that brings it: the one
+        already running in this process for the object (joined), or a new one.
         """
-        entry = self.cached(bucket, key)
-        if entry is not None:
-            entry = self._validate(entry, bucket, key)
-        if entry is not None and self._tier.is_intact(entry):
+        if self._usable(self._tier, bucket, key) is not None:
             return None
+        if self._shared is not None:
+            entry = self._usable(self._shared, bucket, key)
+            if entry is not None:
+                self._authorize(entry, bucket, key)
+                if self._config.shared_policy == "promote":
+                    with contextlib.suppress(OSError, CacheTimeoutError):
+                        self._promote(entry)
+                return None
         return self._join_or_start(bucket, key)
+
+    def _usable(self, tier: LocalTier, bucket: str, key: str) -> CachedEntry | None:
+        """The tier's entry of the object, checked (digest, per ``verify``) and validated."""
+        entry = tier.lookup(
+            self.entry_id(bucket, key), self._store.namespace, source_url(bucket, key)
+        )
+        if entry is not None and (self._config.verify == "always" or tier.needs_check(entry)):
+            entry = self._check_digest(tier, entry)
+        if entry is not None:
+            entry = self._validate(tier, entry, bucket, key)
+        return entry
+
+    def _open_hit(self, tier: LocalTier, bucket: str, key: str) -> OpenedObject | None:
+        entry = self._usable(tier, bucket, key)
+        if entry is None:
+            return None
+        return self._open_entry(tier, entry, "hits")
+
+    def _open_entry(self, tier: LocalTier, entry: CachedEntry, counter: str) -> OpenedObject | None:
+        try:
+            fd = tier.open_data(entry)
+        except FileNotFoundError:
+            return None  # evicted or torn between lookup and open: fetch it again
+        self._stats.add(counter)
+        tier.touch(entry)
+        return OpenedObject(fd, entry.meta.size, entry.meta.etag, None)
+
+    def _open_shared(self, shared: SharedTier, bucket: str, key: str) -> OpenedObject | None:
+        """Serve a shared-tier hit, from a local copy (``promote``) or in place (``serve``)."""
+        entry = self._usable(shared, bucket, key)
+        if entry is None:
+            return None
+        self._authorize(entry, bucket, key)
+        if self._config.shared_policy == "promote":
+            try:
+                local = self._promote(entry)
+            except (OSError, CacheTimeoutError):
+                pass  # no room or no lock in the local tier: read the shared copy in place
+            else:
+                opened = self._open_entry(self._tier, local, "hits")
+                if opened is not None:
+                    return opened
+        return self._open_entry(shared, entry, "shared_hits")
+
+    def _promote(self, entry: CachedEntry) -> CachedEntry:
+        local = promote(entry, self._tier, self._config.lock_timeout)
+        self._stats.add("promotions")
+        return local
+
+    def _authorize(self, entry: CachedEntry, bucket: str, key: str) -> None:
+        """Ask the store whether this reader may read a shared entry (``shared_auth=store``).
+
+        Another user's process may have fetched it: the bytes are served only if the store
+        lets this process's credentials read the object (raises ``PermissionError`` if not).
+        """
+        if self._config.shared_auth == "trust":
+            return
+        asked = self._authorized.get(entry.entry_id)
+        if asked is not None and time.time() - asked < self._config.ttl:
+            return
+        try:
+            self._store.head(bucket, key)
+        except ObjectNotFoundError:
+            self._drop(self._fill_tier, entry)
+            raise
+        self._authorized[entry.entry_id] = time.time()
 
     def wait_idle(self) -> None:
         """Wait until every fetch this process started has published (or failed)."""
@@ -112,11 +194,16 @@ class ReadPath:
 
     def invalidate(self, bucket: str, key: str) -> None:
         """Forget a cached object (it was overwritten or deleted through this filesystem)."""
-        self._tier.invalidate(self.entry_id(bucket, key), self._config.lock_timeout)
+        entry_id = self.entry_id(bucket, key)
+        self._tier.invalidate(entry_id, self._config.lock_timeout)
+        if self._shared is not None:
+            self._shared.invalidate(entry_id, self._config.lock_timeout)
 
     # -- validation --------------------------------------------------------------------------
 
-    def _validate(self, entry: CachedEntry, bucket: str, key: str) -> CachedEntry | None:
+    def _validate(
+        self, tier: LocalTier, entry: CachedEntry, bucket: str, key: str
+    ) -> CachedEntry | None:
         mode = self._config.consistency
         now = time.time()
         if entry.meta.state == "dirty":
@@ -128,26 +215,27 @@ class ReadPath:
         try:
             current = self._store.head(bucket, key)
         except ObjectNotFoundError:
-            self._drop(entry)
+            self._drop(tier, entry)
             raise
+        self._authorized[entry.entry_id] = now
         if current.etag == entry.meta.etag:
             self._stats.add("revalidations")
             if mode == "ttl":
-                return self._tier.replace_meta(entry, replace(entry.meta, validated_at=now))
+                return tier.replace_meta(entry, replace(entry.meta, validated_at=now))
             return entry
-        self._drop(entry)
+        self._drop(tier, entry)
         return None
 
-    def _check_digest(self, entry: CachedEntry) -> CachedEntry | None:
-        checked = self._tier.check_digest(entry)
+    def _check_digest(self, tier: LocalTier, entry: CachedEntry) -> CachedEntry | None:
+        checked = tier.check_digest(entry)
         if checked is None:
             self._stats.add("corrupt_entries")
-            self._drop(entry)
+            self._drop(tier, entry)
         return checked
 
-    def _drop(self, entry: CachedEntry) -> None:
+    def _drop(self, tier: LocalTier, entry: CachedEntry) -> None:
         self._stats.add("invalidations")
-        self._tier.invalidate(entry.entry_id, self._config.lock_timeout)
+        tier.invalidate(entry.entry_id, self._config.lock_timeout)
 
     # -- fetching ----------------------------------------------------------------------------
 
@@ -171,16 +259,23 @@ class ReadPath:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or isinstance(exc, TierFullError):
             return exc if isinstance(exc, TierFullError) else None
         self._stats.add("tier_full")
+        tier = self._fill_tier
         return TierFullError(
             exc.errno,
-            f"no space left in the local tier for s3://{bucket}/{key}; reading it "
-            "straight from the store (free space or lower local_max_bytes)",
-            self._tier.root,
+            f"no space left in the {tier.name} tier for s3://{bucket}/{key}; reading it "
+            f"straight from the store (free space or lower {tier.name}_max_bytes)",
+            tier.root,
         )
 
     def _open_published(self, fetch: Fetch) -> OpenedObject:
         entry = fetch.wait_finished()
-        fd = self._tier.open_data(entry)
+        if self._shared is not None:  # promoted by the fetch, or else read in place
+            local = self._tier.lookup(entry.entry_id, entry.meta.namespace, entry.meta.source)
+            if local is not None and local.meta.etag == entry.meta.etag:
+                opened = self._open_entry(self._tier, local, "hits")
+                if opened is not None:
+                    return opened
+        fd = self._fill_tier.open_data(entry)
         return OpenedObject(fd, entry.meta.size, entry.meta.etag, None)
 
     def _join_or_start(self, bucket: str, key: str) -> Fetch:
@@ -201,8 +296,11 @@ class ReadPath:
                 concurrency=self._config.fetch_concurrency,
                 lock_timeout=self._config.lock_timeout,
                 accept_existing=self._acceptor(time.time()),
+                after_publish=self._promoter(),
             )
-            fetch = Fetch(request, self._tier, self._store, self._retry, self._stats, self._landed)
+            fetch = Fetch(
+                request, self._fill_tier, self._store, self._retry, self._stats, self._landed
+            )
             self._flights[entry_id] = fetch
         self._stats.add("misses")
         fetch.start()
@@ -220,6 +318,16 @@ class ReadPath:
             return entry.meta.validated_at >= asked_at - window
 
         return accept
+
+    def _promoter(self) -> Callable[[CachedEntry], None] | None:
+        """With a shared tier and ``promote``: a fetch's entry is copied into the local tier."""
+        if self._shared is None or self._config.shared_policy != "promote":
+            return None
+
+        def copy_to_local(entry: CachedEntry) -> None:
+            self._promote(entry)
+
+        return copy_to_local
 
     def _landed(self, fetch: Fetch) -> None:
         with self._flights_lock:

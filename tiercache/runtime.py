@@ -23,6 +23,7 @@ from tiercache.store.retry import RetryPolicy
 from tiercache.store.s3 import S3Store
 from tiercache.store.s3_options import S3Options
 from tiercache.tiers.local import LocalTier
+from tiercache.tiers.shared import SharedTier
 from tiercache.uploader import Uploader
 from tiercache.write_behind import WriteBehind
 from tiercache.write_through import WriteThrough
@@ -35,6 +36,7 @@ class CacheRuntime:
     config: TierCacheConfig
     store: ObjectStore
     tier: LocalTier
+    shared: SharedTier | None
     read_path: ReadPath
     stats: Stats
     journal: Journal
@@ -69,7 +71,11 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
         config.local_max_bytes,
         file_mode=config.file_mode,
         dir_mode=config.dir_mode,
+        high_watermark=config.high_watermark,
+        low_watermark=config.low_watermark,
+        min_free_bytes=config.min_free_bytes,
     )
+    shared = _shared_tier(config)
     stats = Stats()
     journal = Journal(tier.root, config.file_mode, config.dir_mode)
     checkpoints = CheckpointRegistry(
@@ -83,12 +89,30 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
         config=config,
         store=store,
         tier=tier,
-        read_path=ReadPath(config, tier, store, stats),
+        shared=shared,
+        read_path=ReadPath(config, tier, store, stats, shared),
         stats=stats,
         journal=journal,
         uploader=uploader,
         write_behind=WriteBehind(config, tier, journal, uploader, stats, store.namespace),
         write_through=WriteThrough(store, tier, stats, config.lock_timeout),
+    )
+
+
+def _shared_tier(config: TierCacheConfig) -> SharedTier | None:
+    if config.shared_dir is None:
+        return None
+    file_mode, dir_mode = config.shared_modes
+    return SharedTier(
+        config.shared_dir,
+        config.shared_max_bytes,
+        file_mode,
+        dir_mode,
+        host_id=config.host_id,
+        stale_after=config.lease_stale_after,
+        high_watermark=config.high_watermark,
+        low_watermark=config.low_watermark,
+        min_free_bytes=config.min_free_bytes,
     )
 
 

@@ -9,6 +9,8 @@ from tiercache import forksafe
 
 COUNTERS = (
     "hits",
+    "shared_hits",
+    "promotions",
     "misses",
     "revalidations",
     "invalidations",

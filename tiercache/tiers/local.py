@@ -7,6 +7,7 @@ key is storable and nothing can land outside the root)::
     ROOT/objects/ab/<64 hex>.meta   EntryMeta JSON; its mtime is the entry's last access
     ROOT/objects/ab/<64 hex>.lock   flock: held by whoever fetches, publishes or evicts it
     ROOT/objects/ab/<64 hex>.part   bytes of a fetch in progress
+    ROOT/objects/ab/<64 hex>.pin    present while the entry is pinned (never evicted)
     ROOT/staging/                   files being written before they are uploaded
 
 An entry is published when both data and meta exist and agree on the size. Readers hold a
@@ -49,6 +50,7 @@ class EvictionReport:
     removed: list[str] = field(default_factory=list)
     removed_bytes: int = 0
     kept_busy: int = 0
+    kept_pinned: int = 0
     usage_after: int = 0
 
 
@@ -57,13 +59,29 @@ class _ScanRow:
     entry_id: str
     size: int
     last_access: float
+    pinned: bool = False
 
 
 class LocalTier:
     """A cache tier on a node-local directory."""
 
-    def __init__(self, root: str, max_bytes: int, file_mode: int = 0o600, dir_mode: int = 0o700):
+    name = "local"
+
+    def __init__(
+        self,
+        root: str,
+        max_bytes: int,
+        file_mode: int = 0o600,
+        dir_mode: int = 0o700,
+        *,
+        high_watermark: float = 1.0,
+        low_watermark: float = 0.95,
+        min_free_bytes: int = 0,
+    ):
         self.max_bytes = max_bytes
+        self.high_watermark = high_watermark
+        self.low_watermark = low_watermark
+        self.min_free_bytes = min_free_bytes
         self.file_mode = file_mode
         self.dir_mode = dir_mode
         os.makedirs(root, mode=dir_mode, exist_ok=True)
@@ -88,7 +106,7 @@ class LocalTier:
         self._reserved = 0
 
     def __repr__(self) -> str:
-        return f"LocalTier(root={self.root!r}, max_bytes={self.max_bytes})"
+        return f"{type(self).__name__}(root={self.root!r}, max_bytes={self.max_bytes})"
 
     # -- naming ------------------------------------------------------------------------------
 
@@ -248,31 +266,49 @@ class LocalTier:
         return total
 
     def reserve(self, nbytes: int) -> None:
-        """Make room for ``nbytes`` about to be fetched; count them until ``release``."""
+        """Make room for ``nbytes`` about to be fetched; count them until ``release``.
+
+        Eviction starts when usage would pass the high watermark (or free space would drop
+        below ``min_free_bytes``) and goes down to the low watermark, so that a stream of
+        fetches does not scan the tier for every object.
+        """
         with self._lock:
             self._reserved += nbytes
             reserved = self._reserved
-        if self.usage() + reserved > self.max_bytes:
-            self.evict(self.max_bytes - reserved)
+        free_short = self.free_shortfall(nbytes)
+        if self.usage() + reserved > self.max_bytes * self.high_watermark or free_short:
+            self.evict(int(self.max_bytes * self.low_watermark) - reserved, free_needed=free_short)
+
+    def free_shortfall(self, nbytes: int) -> int:
+        """Bytes to free so that writing ``nbytes`` leaves ``min_free_bytes`` free on disk."""
+        if not self.min_free_bytes:
+            return 0
+        st = os.statvfs(self.root)
+        return max(0, self.min_free_bytes + nbytes - st.f_bavail * st.f_frsize)
 
     def release(self, nbytes: int) -> None:
         """The reserved bytes are now published (and counted by ``usage``) or abandoned."""
         with self._lock:
             self._reserved -= nbytes
 
-    def evict(self, target_bytes: int, dry_run: bool = False) -> EvictionReport:
-        """Remove least-recently-used clean entries until usage is at most ``target_bytes``.
+    def evict(
+        self, target_bytes: int, dry_run: bool = False, free_needed: int = 0
+    ) -> EvictionReport:
+        """Remove least-recently-used clean entries until usage is at most ``target_bytes``
+        (and at least ``free_needed`` bytes were freed).
 
-        Entries that are open (a reader's shared lock), being fetched or published (the entry
-        lock), dirty, or chosen by ``keep`` (the newest checkpoints) are kept.
+        Entries that are pinned, open (a reader's shared lock), being fetched or published
+        (the entry lock), dirty, or chosen by ``keep`` (the newest checkpoints) are kept.
         """
         rows = sorted(self._scan(), key=lambda r: r.last_access)
         usage = sum(r.size for r in rows)
         report = EvictionReport()
         for row in rows:
-            if usage <= target_bytes:
+            if usage <= target_bytes and report.removed_bytes >= free_needed:
                 break
-            if self._evict_one(row, dry_run):
+            if row.pinned:
+                report.kept_pinned += 1
+            elif self._evict_one(row, dry_run):
                 usage -= row.size
                 report.removed.append(row.entry_id)
                 report.removed_bytes += row.size
@@ -285,27 +321,53 @@ class LocalTier:
 
     def _evict_one(self, row: _ScanRow, dry_run: bool) -> bool:
         paths = self.paths(row.entry_id)
-        fd = try_lock(paths.lock, self.file_mode)
-        if fd is None:
+        held = self._try_entry_lock(paths)
+        if held is None:
             return False
         try:
             meta = read_meta(paths.meta)
             if meta is not None and (meta.state == "dirty" or self.keep(meta)):
                 return False
-            if is_shared_locked(paths.data):
+            if is_shared_locked(paths.data) or os.path.exists(pin_path(paths)):
                 return False
             if not dry_run:
                 remove_file(paths.meta)
                 remove_file(paths.data)
-                remove_file(paths.part)
-                remove_file(paths.lock)  # waiters on the old inode notice and retry (try_lock)
+                self._remove_parts(paths)
             return True
         finally:
-            unlock(fd)
+            self._release_entry_lock(paths, held, removed=not dry_run)
+
+    def _try_entry_lock(self, paths: EntryPaths) -> object | None:
+        return try_lock(paths.lock, self.file_mode)
+
+    def _release_entry_lock(self, paths: EntryPaths, held: object, removed: bool) -> None:
+        if removed:
+            remove_file(paths.lock)  # waiters on the old inode notice and retry (try_lock)
+        assert isinstance(held, int)
+        unlock(held)
+
+    def _remove_parts(self, paths: EntryPaths) -> None:
+        remove_file(paths.part)
+
+    # -- pins --------------------------------------------------------------------------------
+
+    def pin(self, entry_id: str) -> None:
+        """Keep the entry (present or future) from eviction until ``unpin``."""
+        path = pin_path(self.paths(entry_id))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, self.file_mode)
+        os.close(fd)
+
+    def unpin(self, entry_id: str) -> None:
+        remove_file(pin_path(self.paths(entry_id)))
+
+    def is_pinned(self, entry_id: str) -> bool:
+        return os.path.exists(pin_path(self.paths(entry_id)))
 
     def _scan(self) -> list[_ScanRow]:
         """One row per entry: data bytes (plus any part file) and last access."""
         rows: dict[str, list[float]] = {}
+        pinned: set[str] = set()
         try:
             shards = list(os.scandir(self.objects_dir))
         except FileNotFoundError:
@@ -315,18 +377,26 @@ class LocalTier:
                 continue
             for item in os.scandir(shard.path):
                 name, _, suffix = item.name.partition(".")
-                if suffix not in ("data", "meta", "part"):
+                kind = suffix.partition(".")[0]  # a shared tier's part files carry a token
+                if kind == "pin":
+                    pinned.add(name)
+                    continue
+                if kind not in ("data", "meta", "part") or kind not in ("part", suffix):
                     continue
                 try:
                     st = item.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
                 row = rows.setdefault(name, [0.0, 0.0])
-                if suffix == "meta":
+                if kind == "meta":
                     row[1] = st.st_mtime
                 else:
                     row[0] += st.st_size
-        return [_ScanRow(k, int(v[0]), v[1]) for k, v in rows.items() if len(k) == 64]
+        return [_ScanRow(k, int(v[0]), v[1], k in pinned) for k, v in rows.items() if len(k) == 64]
+
+
+def pin_path(paths: EntryPaths) -> str:
+    return paths.data[: -len(".data")] + ".pin"
 
 
 def remove_file(path: str) -> None:

@@ -1,0 +1,111 @@
+"""``SharedTier``: a tier on a filesystem many hosts mount (GPFS, Lustre, NFS, CephFS).
+
+Same layout and entry format as ``LocalTier`` (per-entry files named by hash, no index file
+everybody rewrites, publish by temp + rename), with what many hosts need on top:
+
+- entry locks are leases (``tiers/lease.py``): a lock file naming owner host and pid, kept
+  alive by a heartbeat, broken by the others when its owner died;
+- each fetch writes its own part file (``<id>.part.<token>``), so a fetch that lost its lease
+  to a taker-over never writes into the new owner's file, and a part is never served to
+  another process: only a published entry is;
+- entries are published durably (data, meta and directory fsynced): another host cannot tell
+  that the publisher lost power, so the boot-id check of the local tier does not apply.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from tiercache.tiers.entry import CachedEntry, EntryMeta, EntryPaths
+from tiercache.tiers.lease import LeaseLock
+from tiercache.tiers.local import LocalTier, remove_file
+
+
+@dataclasses.dataclass(frozen=True)
+class _Held:
+    token: str
+
+
+class SharedTier(LocalTier):
+    """A cache tier on a shared POSIX filesystem used by many hosts at once."""
+
+    name = "shared"
+
+    def __init__(
+        self,
+        root: str,
+        max_bytes: int,
+        file_mode: int = 0o600,
+        dir_mode: int = 0o700,
+        *,
+        host_id: str | None = None,
+        stale_after: float = 30.0,
+        high_watermark: float = 1.0,
+        low_watermark: float = 0.95,
+        min_free_bytes: int = 0,
+    ):
+        super().__init__(
+            root,
+            max_bytes,
+            file_mode,
+            dir_mode,
+            high_watermark=high_watermark,
+            low_watermark=low_watermark,
+            min_free_bytes=min_free_bytes,
+        )
+        self.leases = LeaseLock(host_id, stale_after, file_mode)
+
+    @property
+    def host_id(self) -> str:
+        return self.leases.host
+
+    @contextmanager
+    def entry_lock(self, entry_id: str, timeout: float) -> Iterator[EntryPaths]:
+        """Hold the entry's lease; the paths name a part file of this holder alone."""
+        paths = self.paths(entry_id)
+        token = self.leases.acquire(paths.lock, timeout, "fetching the same object")
+        try:
+            yield dataclasses.replace(paths, part=f"{paths.part}.{token}")
+        finally:
+            self.leases.release(paths.lock, token)
+
+    def create_part(self, paths: EntryPaths) -> int:
+        """Create this holder's part file; parts left by dead fetchers of the entry go."""
+        base = paths.part.rsplit(".", 1)[0]
+        for stale in glob.glob(glob.escape(base) + ".*"):
+            if stale != paths.part:
+                remove_file(stale)
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        return os.open(paths.part, flags, self.file_mode)
+
+    def publish(
+        self,
+        paths: EntryPaths,
+        fd: int,
+        meta: EntryMeta,
+        src: str | None = None,
+        durable: bool = False,
+    ) -> CachedEntry:
+        os.fsync(fd)
+        return super().publish(paths, fd, meta, src, durable=True)
+
+    def needs_check(self, entry: CachedEntry) -> bool:
+        return False  # published durably: see the module docstring
+
+    def _try_entry_lock(self, paths: EntryPaths) -> object | None:
+        token = self.leases.try_acquire(paths.lock)
+        return None if token is None else _Held(token)
+
+    def _release_entry_lock(self, paths: EntryPaths, held: object, removed: bool) -> None:
+        assert isinstance(held, _Held)
+        self.leases.release(paths.lock, held.token)
+
+    def _remove_parts(self, paths: EntryPaths) -> None:
+        for part in glob.glob(glob.escape(paths.part) + "*"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(part)
