@@ -113,6 +113,13 @@ class TierCacheConfig:
         high_watermark: fraction of a tier's budget at which eviction starts.
         low_watermark: fraction of a tier's budget eviction frees down to.
         min_free_bytes: free space eviction keeps on each tier's filesystem.
+        block_threshold: objects of at least this many bytes are cached block by block as
+            readers touch them (random reads of a huge object fetch only what they read);
+            None: every object is fetched whole.
+        block_size: bytes per block of a block-granular entry (one ranged GET each).
+        whole_object_after: fraction of a block-granular object's blocks read after which
+            the rest is fetched in the background (1.0: only what is read).
+        readahead_blocks: blocks fetched ahead of a sequential reader of a block entry.
     """
 
     local_dir: str = dataclasses.field(default_factory=default_local_dir)
@@ -144,6 +151,10 @@ class TierCacheConfig:
     high_watermark: float = 1.0
     low_watermark: float = 0.95
     min_free_bytes: int = 0
+    block_threshold: int | None = 1 * GiB
+    block_size: int = 4 * MiB
+    whole_object_after: float = 0.5
+    readahead_blocks: int = 4
 
     def __post_init__(self) -> None:
         if not isinstance(self.local_dir, str) or not self.local_dir:
@@ -204,6 +215,15 @@ class TierCacheConfig:
                 f"low {self.low_watermark}, high {self.high_watermark}"
             )
         _require_int("min_free_bytes", self.min_free_bytes, minimum=0)
+        if self.block_threshold is not None:
+            _require_int("block_threshold", self.block_threshold, minimum=1)
+        _require_int("block_size", self.block_size, minimum=64 * KiB, maximum=1 * GiB)
+        _require_number("whole_object_after", self.whole_object_after, minimum=0.0)
+        if not 0.0 < self.whole_object_after <= 1.0:
+            raise ConfigError(
+                f"whole_object_after must be in (0, 1], got {self.whole_object_after}"
+            )
+        _require_int("readahead_blocks", self.readahead_blocks, minimum=0, maximum=256)
 
     @property
     def dirty_budget(self) -> int:
@@ -260,8 +280,16 @@ _SIZE_FIELDS = {
     "dirty_max_bytes",
     "shared_max_bytes",
     "min_free_bytes",
+    "block_threshold",
+    "block_size",
 }
-_INT_FIELDS = {"fetch_concurrency", "retries", "upload_workers", "keep_checkpoints"}
+_INT_FIELDS = {
+    "fetch_concurrency",
+    "retries",
+    "upload_workers",
+    "keep_checkpoints",
+    "readahead_blocks",
+}
 _FLOAT_FIELDS = {
     "ttl",
     "lock_timeout",
@@ -272,6 +300,7 @@ _FLOAT_FIELDS = {
     "lease_stale_after",
     "high_watermark",
     "low_watermark",
+    "whole_object_after",
 }
 
 

@@ -28,6 +28,14 @@ from tiercache.tiers.entry import CachedEntry, EntryMeta, EntryPaths
 from tiercache.tiers.local import LocalTier, remove_file
 
 
+class BlockModeRequiredError(Exception):
+    """The object is big enough to be cached block by block: the whole fetch stops at once."""
+
+    def __init__(self, info: ObjectInfo) -> None:
+        super().__init__(f"{info.bucket}/{info.key}: {info.size} bytes, cached by blocks")
+        self.info = info
+
+
 @dataclass(frozen=True)
 class FetchRequest:
     """Which object to fetch, into which entry, and how."""
@@ -45,6 +53,8 @@ class FetchRequest:
     # Runs once the entry is published (or found published), before readers are told: the
     # shared tier's fetch copies the object into the local tier here.
     after_publish: Callable[[CachedEntry], None] | None = None
+    # Objects of at least this size are not fetched whole (see ``BlockModeRequiredError``).
+    block_threshold: int | None = None
 
 
 class Fetch:
@@ -123,6 +133,9 @@ class Fetch:
     # -- the download's side (RangeSink) -----------------------------------------------------
 
     def begin(self, info: ObjectInfo) -> None:
+        threshold = self.request.block_threshold
+        if threshold is not None and info.size >= threshold:
+            raise BlockModeRequiredError(info)
         self._tier.reserve(info.size)
         self._reserved = info.size
         with self._cond:
@@ -175,7 +188,8 @@ class Fetch:
                     finally:
                         os.close(self._fd)
         except BaseException as exc:
-            self._stats.add("fetch_errors")
+            if not isinstance(exc, BlockModeRequiredError):
+                self._stats.add("fetch_errors")
             self._finish(error=exc)
             return
         if req.after_publish is not None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from fsspec.utils import stringify_path
 
+from tiercache.block_file import BlockFile
 from tiercache.cached_file import CachedFile
 from tiercache.config import TierCacheConfig
 from tiercache.direct_file import DirectFile
@@ -122,7 +123,7 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         autocommit: bool = True,
         cache_options: dict[str, Any] | None = None,
         **kwargs: Any,
-    ) -> CachedFile | DirectFile | StagedWriteFile:
+    ) -> CachedFile | BlockFile | DirectFile | StagedWriteFile:
         bucket, key = self.split_path(path)
         if not key:
             raise IsADirectoryError(21, "a bucket is not a file", path)
@@ -137,6 +138,15 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
                     return None
                 return self._direct_file(bucket, key)
 
+            if opened.blocks is not None:
+                return BlockFile(
+                    f"{bucket}/{key}",
+                    opened.blocks,
+                    self.read_path.block_source(bucket, key),
+                    self.read_path.blocks,
+                    self._count_read,
+                    verify=self.config.verify == "always",
+                )
             return CachedFile(f"{bucket}/{key}", opened, self._count_read, on_tier_full=fall_back)
         if mode in ("wb", "xb"):
             if mode == "xb" and self.exists(path):

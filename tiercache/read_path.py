@@ -20,13 +20,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from tiercache import forksafe
+from tiercache.block_fetch import BlockFetcher, BlockSource
 from tiercache.config import TierCacheConfig
 from tiercache.errors import CacheTimeoutError, ObjectNotFoundError, TierFullError
-from tiercache.fetch import Fetch, FetchRequest
+from tiercache.fetch import BlockModeRequiredError, Fetch, FetchRequest
 from tiercache.promote import promote
 from tiercache.stats import Stats
-from tiercache.store.base import ObjectStore
+from tiercache.store.base import ObjectInfo, ObjectStore
 from tiercache.store.retry import RetryPolicy
+from tiercache.tiers.blocks import BlockEntry
 from tiercache.tiers.entry import CachedEntry
 from tiercache.tiers.local import LocalTier
 from tiercache.tiers.shared import SharedTier
@@ -40,6 +42,7 @@ class OpenedObject:
     size: int
     etag: str
     fetch: Fetch | None
+    blocks: BlockEntry | None = None  # a huge object cached block by block (fd is -1)
 
 
 def source_url(bucket: str, key: str) -> str:
@@ -67,6 +70,7 @@ class ReadPath:
         self._flights: dict[str, Fetch] = {}
         self._flights_lock = threading.Lock()
         self._authorized: dict[str, float] = {}  # entry id -> when the store last said yes
+        self.blocks = BlockFetcher(config, tier, store, self._retry, stats)
         forksafe.register(self)
 
     def after_fork(self) -> None:
@@ -97,7 +101,43 @@ class ReadPath:
         opened = self._open_hit(self._tier, bucket, key)
         if opened is None and self._shared is not None:
             opened = self._open_shared(self._shared, bucket, key)
+        if opened is None and self._config.block_threshold is not None:
+            opened = self._open_cached_blocks(bucket, key)
         return opened or self._open_through_fetch(bucket, key)
+
+    def block_source(self, bucket: str, key: str) -> BlockSource:
+        return BlockSource(bucket, key, source_url(bucket, key), self._store.namespace)
+
+    def _open_cached_blocks(self, bucket: str, key: str) -> OpenedObject | None:
+        """Open the block entry of a huge object read before, if still valid."""
+        entry_id = self.entry_id(bucket, key)
+        meta = BlockEntry.lookup(
+            self._tier, entry_id, self._store.namespace, source_url(bucket, key)
+        )
+        if meta is None:
+            return None
+        mode = self._config.consistency
+        fresh = mode == "immutable" or (
+            mode == "ttl" and time.time() - meta.validated_at < self._config.ttl
+        )
+        if not fresh and self._store.head(bucket, key).etag != meta.etag:
+            self._stats.add("invalidations")
+            self._tier.invalidate(entry_id, self._config.lock_timeout)
+            return None
+        self._stats.add("hits")
+        return self._open_blocks(ObjectInfo(bucket, key, meta.size, meta.etag, meta.last_modified))
+
+    def _open_blocks(self, info: ObjectInfo) -> OpenedObject:
+        entry = BlockEntry.open(
+            self._tier,
+            self.entry_id(info.bucket, info.key),
+            info,
+            source_url(info.bucket, info.key),
+            self._store.namespace,
+            self._config.block_size,
+            self._config.lock_timeout,
+        )
+        return OpenedObject(-1, info.size, info.etag, None, blocks=entry)
 
     def warm(self, bucket: str, key: str) -> Fetch | None:
         """Bring an object into the tiers without reading it (prefetch).
@@ -240,9 +280,11 @@ class ReadPath:
     # -- fetching ----------------------------------------------------------------------------
 
     def _open_through_fetch(self, bucket: str, key: str) -> OpenedObject:
-        fetch = self._join_or_start(bucket, key)
+        fetch = self._join_or_start(bucket, key, by_blocks=True)
         try:
             fetch.wait_started()
+        except BlockModeRequiredError as big:
+            return self._open_blocks(big.info)
         except OSError as exc:
             raise self.tier_full_error(exc, bucket, key) or exc from exc
         if fetch.info is None:  # satisfied by an entry another process published
@@ -278,7 +320,12 @@ class ReadPath:
         fd = self._fill_tier.open_data(entry)
         return OpenedObject(fd, entry.meta.size, entry.meta.etag, None)
 
-    def _join_or_start(self, bucket: str, key: str) -> Fetch:
+    def _join_or_start(self, bucket: str, key: str, by_blocks: bool = False) -> Fetch:
+        """Join this process's fetch of the object, or start one.
+
+        ``by_blocks``: a reader asks, so a huge object stops the fetch at its first response
+        and is read block by block instead; a prefetch (``warm``) fetches it whole.
+        """
         source = source_url(bucket, key)
         entry_id = self.entry_id(bucket, key)
         with self._flights_lock:
@@ -297,6 +344,7 @@ class ReadPath:
                 lock_timeout=self._config.lock_timeout,
                 accept_existing=self._acceptor(time.time()),
                 after_publish=self._promoter(),
+                block_threshold=self._config.block_threshold if by_blocks else None,
             )
             fetch = Fetch(
                 request, self._fill_tier, self._store, self._retry, self._stats, self._landed

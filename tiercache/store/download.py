@@ -69,7 +69,11 @@ def download(
         bucket, key, 0, part_size if concurrency > 1 else None, if_match=if_match
     )
     info = first.info
-    sink.begin(info)
+    try:
+        sink.begin(info)
+    except BaseException:
+        first.close()
+        raise
     parts = _Parts(first.end, info.size, part_size)
     workers = [
         threading.Thread(

@@ -55,6 +55,15 @@ class EvictionReport:
 
 
 @dataclass(frozen=True)
+class BlockPaths:
+    """The files of a block-granular entry (see ``tiers/blocks.py``)."""
+
+    data: str
+    log: str
+    meta: str
+
+
+@dataclass(frozen=True)
 class _ScanRow:
     entry_id: str
     size: int
@@ -251,6 +260,9 @@ class LocalTier:
         with self.entry_lock(entry_id, timeout) as paths:
             remove_file(paths.meta)
             remove_file(paths.data)
+            blocks = block_paths(paths)
+            for path in (blocks.meta, blocks.log, blocks.data):
+                remove_file(path)
 
     # -- space -------------------------------------------------------------------------------
 
@@ -328,11 +340,18 @@ class LocalTier:
             meta = read_meta(paths.meta)
             if meta is not None and (meta.state == "dirty" or self.keep(meta)):
                 return False
-            if is_shared_locked(paths.data) or os.path.exists(pin_path(paths)):
+            blocks = block_paths(paths)
+            if (
+                is_shared_locked(paths.data)
+                or is_shared_locked(blocks.data)
+                or os.path.exists(pin_path(paths))
+            ):
                 return False
             if not dry_run:
                 remove_file(paths.meta)
                 remove_file(paths.data)
+                for path in (blocks.meta, blocks.log, blocks.data):
+                    remove_file(path)
                 self._remove_parts(paths)
             return True
         finally:
@@ -381,18 +400,28 @@ class LocalTier:
                 if kind == "pin":
                     pinned.add(name)
                     continue
-                if kind not in ("data", "meta", "part") or kind not in ("part", suffix):
+                if kind not in _SCANNED or kind not in ("part", suffix):
                     continue
                 try:
                     st = item.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
                 row = rows.setdefault(name, [0.0, 0.0])
-                if kind == "meta":
-                    row[1] = st.st_mtime
-                else:
+                if kind in ("meta", "blkmeta"):
+                    row[1] = max(row[1], st.st_mtime)
+                elif kind == "blk":
+                    row[0] += st.st_blocks * 512  # sparse: only the blocks fetched take space
+                elif kind != "blkmap":
                     row[0] += st.st_size
         return [_ScanRow(k, int(v[0]), v[1], k in pinned) for k, v in rows.items() if len(k) == 64]
+
+
+_SCANNED = ("data", "meta", "part", "blk", "blkmap", "blkmeta")
+
+
+def block_paths(paths: EntryPaths) -> BlockPaths:
+    base = paths.data[: -len(".data")]
+    return BlockPaths(base + ".blk", base + ".blkmap", base + ".blkmeta")
 
 
 def pin_path(paths: EntryPaths) -> str:

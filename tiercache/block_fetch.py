@@ -1,0 +1,274 @@
+"""``BlockFetcher``: fetches the blocks of block-granular entries, on demand and ahead.
+
+One per read path. A reader asks for a byte range; the blocks it lacks are fetched in
+parallel (one ranged GET each, pinned to the entry's ETag), each block once per process (a
+second reader waits for the first one's GET). A sequential reader gets ``readahead_blocks``
+fetched ahead of it; once ``whole_object_after`` of an object's blocks are present, the rest
+is fetched in the background and the entry becomes a whole entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+import xxhash
+
+from tiercache import forksafe
+from tiercache.config import TierCacheConfig
+from tiercache.digest import xxh3_file
+from tiercache.errors import ObjectChangedError, StoreUnavailableError
+from tiercache.stats import Stats
+from tiercache.store.base import ObjectInfo, ObjectStore
+from tiercache.store.retry import RetryableError, RetryPolicy
+from tiercache.tiers.blocks import BlockEntry
+from tiercache.tiers.entry import EntryMeta
+from tiercache.tiers.local import LocalTier, remove_file
+
+
+@dataclass(frozen=True)
+class BlockSource:
+    """Where an entry's blocks come from."""
+
+    bucket: str
+    key: str
+    source: str
+    namespace: str
+
+
+class BlockFetcher:
+    """Fetches blocks into block entries for every reader of one read path."""
+
+    def __init__(
+        self,
+        config: TierCacheConfig,
+        tier: LocalTier,
+        store: ObjectStore,
+        retry: RetryPolicy,
+        stats: Stats,
+    ) -> None:
+        self._config = config
+        self._tier = tier
+        self._store = store
+        self._retry = retry
+        self._stats = stats
+        self._reset()
+        forksafe.register(self)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._in_flight: dict[tuple[str, int], threading.Event] = {}
+        self._completing: set[str] = set()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def after_fork(self) -> None:
+        """A child has none of the parent's threads."""
+        self._reset()
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                workers = max(2, self._config.fetch_concurrency)
+                self._pool = ThreadPoolExecutor(workers, thread_name_prefix="tiercache-block")
+            return self._pool
+
+    # -- the reader's side -------------------------------------------------------------------
+
+    def ensure(self, entry: BlockEntry, src: BlockSource, start: int, end: int) -> None:
+        """Block until ``[start, end)`` of the object is in the entry."""
+        if end <= start:
+            return
+        first, last = start // entry.meta.block_size, (end - 1) // entry.meta.block_size
+        wanted = range(first, last + 1)
+        if not all(entry.has(i) for i in wanted):
+            entry.refresh()  # another process may have fetched them
+        waits: list[threading.Event] = []
+        futures: list[Future[None]] = []
+        for index in wanted:
+            if entry.has(index):
+                continue
+            event, leader = self._claim(entry, index)
+            if leader:
+                futures.append(self._executor().submit(self._lead, entry, src, index, event))
+            else:
+                waits.append(event)
+        for future in futures:
+            future.result()
+        for event in waits:
+            event.wait()
+        for index in wanted:  # a leader in another reader failed: try once more ourselves
+            if not entry.has(index):
+                event, leader = self._claim(entry, index)
+                if leader:
+                    self._lead(entry, src, index, event)
+                else:
+                    event.wait()
+                if not entry.has(index):
+                    raise StoreUnavailableError(f"{src.source}: block {index} could not be fetched")
+
+    def read_ahead(self, entry: BlockEntry, src: BlockSource, after: int) -> None:
+        """Start fetching the blocks that follow byte ``after`` (not waited for)."""
+        block = entry.meta.block_size
+        first = -(-after // block)
+        for index in range(first, min(entry.blocks, first + self._config.readahead_blocks)):
+            if entry.has(index):
+                continue
+            event, leader = self._claim(entry, index)
+            if leader:
+                self._executor().submit(self._lead_quietly, entry, src, index, event)
+
+    def maybe_complete(self, entry: BlockEntry, src: BlockSource) -> None:
+        """Fetch the rest of the object in the background once enough of it has been read."""
+        if not entry.blocks or entry.present_count() < self._config.whole_object_after * (
+            entry.blocks
+        ):
+            return
+        with self._lock:
+            if entry.entry_id in self._completing:
+                return
+            self._completing.add(entry.entry_id)
+        thread = threading.Thread(
+            target=self._complete,
+            args=(entry.entry_id, src),
+            name="tiercache-complete",
+            daemon=True,
+        )
+        thread.start()
+
+    # -- fetching ----------------------------------------------------------------------------
+
+    def _claim(self, entry: BlockEntry, index: int) -> tuple[threading.Event, bool]:
+        key = (entry.entry_id, index)
+        with self._lock:
+            event = self._in_flight.get(key)
+            if event is not None:
+                return event, False
+            event = self._in_flight[key] = threading.Event()
+            return event, True
+
+    def _lead(
+        self, entry: BlockEntry, src: BlockSource, index: int, event: threading.Event
+    ) -> None:
+        try:
+            if not entry.has(index):
+                self._fetch_block(entry, src, index)
+        finally:
+            with self._lock:
+                self._in_flight.pop((entry.entry_id, index), None)
+            event.set()
+
+    def _lead_quietly(
+        self, entry: BlockEntry, src: BlockSource, index: int, event: threading.Event
+    ) -> None:
+        try:
+            self._lead(entry, src, index, event)
+        except Exception:
+            self._stats.add("block_errors")  # read-ahead only: the reader fetches it again
+
+    def _fetch_block(self, entry: BlockEntry, src: BlockSource, index: int) -> None:
+        start, end = entry.block_range(index)
+        self._tier.reserve(end - start)
+        try:
+            data = self._get(src, entry.meta.etag, start, end)
+            entry.write_block(index, data, xxhash.xxh3_64_hexdigest(data))
+        finally:
+            self._tier.release(end - start)
+        self._stats.add("blocks_fetched")
+        self._stats.add("bytes_fetched", end - start)
+
+    def _get(self, src: BlockSource, etag: str, start: int, end: int) -> bytes:
+        """One ranged GET, resumed where a broken stream stopped."""
+        buffer = bytearray(end - start)
+        view = memoryview(buffer)
+        got = 0
+        failures = 0
+        while got < len(buffer):
+            try:
+                stream = self._store.open_range(
+                    src.bucket, src.key, start + got, end, if_match=etag
+                )
+                try:
+                    while got < len(buffer):
+                        count = stream.readinto(view[got:])
+                        if not count:
+                            raise RetryableError(f"body ended at byte {start + got} of {end}")
+                        got += count
+                finally:
+                    stream.close()
+            except RetryableError as exc:
+                failures += 1
+                if failures >= self._retry.attempts:
+                    raise StoreUnavailableError(
+                        f"GetObject {src.source} bytes {start}-{end}: failed after "
+                        f"{failures} attempts: {exc}"
+                    ) from exc
+                time.sleep(self._retry.delay(failures))
+        return bytes(buffer)
+
+    def _complete(self, entry_id: str, src: BlockSource) -> None:
+        try:
+            entry = self._reopen(entry_id, src)
+            if entry is None:
+                return
+            try:
+                futures = []
+                for index in range(entry.blocks):
+                    if entry.has(index):
+                        continue
+                    event, leader = self._claim(entry, index)
+                    if leader:
+                        futures.append(
+                            self._executor().submit(self._lead, entry, src, index, event)
+                        )
+                    else:
+                        event.wait()
+                for future in futures:
+                    future.result()
+                entry.refresh()
+                if entry.present_count() == entry.blocks:
+                    self._graduate(entry)
+            finally:
+                entry.close()
+        except (ObjectChangedError, OSError, StoreUnavailableError):
+            self._stats.add("block_errors")
+        finally:
+            with self._lock:
+                self._completing.discard(entry_id)
+
+    def _reopen(self, entry_id: str, src: BlockSource) -> BlockEntry | None:
+        meta = BlockEntry.lookup(self._tier, entry_id, src.namespace, src.source)
+        if meta is None:
+            return None
+        info = ObjectInfo(src.bucket, src.key, meta.size, meta.etag, meta.last_modified)
+        return BlockEntry.open(
+            self._tier,
+            entry_id,
+            info,
+            src.source,
+            src.namespace,
+            meta.block_size,
+            self._config.lock_timeout,
+        )
+
+    def _graduate(self, entry: BlockEntry) -> None:
+        """Every block is present: publish the file as a whole entry (with its digest)."""
+        with self._tier.entry_lock(entry.entry_id, self._config.lock_timeout) as paths:
+            current = BlockEntry.lookup(
+                self._tier, entry.entry_id, entry.meta.namespace, entry.meta.source
+            )
+            if current is None or current.etag != entry.meta.etag:
+                return
+            size, digest = xxh3_file(entry.paths.data)
+            if size != entry.meta.size:
+                return
+            info = ObjectInfo("", "", size, entry.meta.etag, entry.meta.last_modified)
+            meta = EntryMeta.for_object(info, entry.meta.source, entry.meta.namespace, digest)
+            meta = replace(meta, validated_at=entry.meta.validated_at)
+            self._tier.publish(paths, entry.fileno(), meta, src=entry.paths.data)
+            for path in (entry.paths.log, entry.paths.meta):
+                with contextlib.suppress(OSError):
+                    remove_file(path)
+        self._stats.add("block_entries_completed")

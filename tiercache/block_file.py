@@ -1,0 +1,132 @@
+"""``BlockFile``: the read-only file object over a block-granular entry (a huge object).
+
+Each read fetches only the blocks it touches (see ``BlockFetcher``); a sequential reader has
+the next blocks fetched ahead of it.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from typing import Any
+
+import xxhash
+
+from tiercache.block_fetch import BlockFetcher, BlockSource
+from tiercache.seek import seek_target
+from tiercache.tiers.blocks import BlockEntry
+
+_MAX_READ = 1 << 30
+
+
+class BlockFile(io.RawIOBase):
+    """A seekable, read-only binary file over an object cached block by block."""
+
+    def __init__(
+        self,
+        path: str,
+        entry: BlockEntry,
+        src: BlockSource,
+        fetcher: BlockFetcher,
+        on_read: Callable[[int], None],
+        verify: bool = False,
+    ) -> None:
+        super().__init__()
+        self.path = path
+        self.name = path
+        self.mode = "rb"
+        self.size = entry.meta.size
+        self.etag = entry.meta.etag
+        self._entry = entry
+        self._src = src
+        self._fetcher = fetcher
+        self._on_read = on_read
+        self._verify = verify
+        self._verified: set[int] = set()
+        self._pos = 0
+        self._last_end = -1
+
+    def __repr__(self) -> str:
+        return f"<BlockFile {self.path!r} size={self.size} pos={self._pos}>"
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self.path, "size": self.size, "type": "file", "ETag": self.etag}
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def _prepare(self, count: int) -> int:
+        """Fetch what ``count`` bytes from the position need; return how many to read."""
+        count = max(0, min(count, self.size - self._pos, _MAX_READ))
+        if not count:
+            return 0
+        start, end = self._pos, self._pos + count
+        self._fetcher.ensure(self._entry, self._src, start, end)
+        if self._verify:
+            self._check(start, end)
+        if start == self._last_end:  # sequential: keep the next blocks coming
+            self._fetcher.read_ahead(self._entry, self._src, end)
+        self._last_end = end
+        self._fetcher.maybe_complete(self._entry, self._src)
+        return count
+
+    def _check(self, start: int, end: int) -> None:
+        """``verify=always``: each block's bytes against its logged digest, once per file."""
+        block = self._entry.meta.block_size
+        for index in range(start // block, (end - 1) // block + 1):
+            if index in self._verified:
+                continue
+            lo, hi = self._entry.block_range(index)
+            if xxhash.xxh3_64_hexdigest(self._entry.pread(hi - lo, lo)) != self._entry.digest(
+                index
+            ):
+                self._entry.forget(index)  # corrupt on disk: fetched again over it
+                self._fetcher.ensure(self._entry, self._src, lo, hi)
+            self._verified.add(index)
+
+    def readinto(self, buffer: Any) -> int:
+        self._checkClosed()
+        view = memoryview(buffer).cast("B")
+        count = self._prepare(len(view))
+        if not count:
+            return 0
+        got = self._entry.preadv(view[:count], self._pos)
+        self._pos += got
+        self._on_read(got)
+        return got
+
+    def read(self, size: int | None = -1) -> bytes:
+        self._checkClosed()
+        if size is None or size < 0:
+            size = self.size - self._pos
+        count = self._prepare(size)
+        if not count:
+            return b""
+        data = self._entry.pread(count, self._pos)
+        self._pos += len(data)
+        self._on_read(len(data))
+        return data
+
+    def readall(self) -> bytes:
+        chunks = []
+        while chunk := self.read(_MAX_READ):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._checkClosed()
+        self._pos = seek_target(self._pos, self.size, offset, whence)
+        return self._pos
+
+    def tell(self) -> int:
+        self._checkClosed()
+        return self._pos
+
+    def close(self) -> None:
+        if not self.closed:
+            self._entry.touch()
+            self._entry.close()
+        super().close()
