@@ -7,4 +7,4 @@ source scripts/bootstrap.sh
 ruff check .
 ruff format --check .
 mypy
-python -m pytest -q "$@"
+python -m pytest -q -rs "$@"

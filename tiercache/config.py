@@ -104,7 +104,8 @@ class TierCacheConfig:
         shared_auth: ``store``: before serving a shared entry, ask the store (a HEAD with the
             reader's credentials, at most once per ``ttl`` per object and process) whether
             this reader may read the object; ``trust``: anyone who can read the shared
-            directory gets its bytes.
+            directory gets its bytes. Default: ``store`` when ``shared_file_mode`` lets the
+            group or others read, else ``trust`` (only this user can read the files).
         shared_file_mode: permission bits of shared-tier files (default: ``file_mode``); give
             the group read and write (0o660) to share the tier between users of a group.
         host_id: this host's name in shared-tier leases (default: the hostname).
@@ -144,7 +145,7 @@ class TierCacheConfig:
     shared_dir: str | None = None
     shared_max_bytes: int = 100 * GiB
     shared_policy: SharedPolicy = "promote"
-    shared_auth: SharedAuth = "store"
+    shared_auth: SharedAuth | None = None
     shared_file_mode: int | None = None
     host_id: str | None = None
     lease_stale_after: float = 30.0
@@ -198,7 +199,7 @@ class TierCacheConfig:
         _require_int("shared_max_bytes", self.shared_max_bytes, minimum=1)
         if self.shared_policy not in get_args(SharedPolicy):
             raise ConfigError(f"shared_policy must be promote or serve, got {self.shared_policy!r}")
-        if self.shared_auth not in get_args(SharedAuth):
+        if self.shared_auth is not None and self.shared_auth not in get_args(SharedAuth):
             raise ConfigError(f"shared_auth must be store or trust, got {self.shared_auth!r}")
         if self.shared_file_mode is not None:
             _require_int("shared_file_mode", self.shared_file_mode, minimum=0o400, maximum=0o666)
@@ -234,6 +235,13 @@ class TierCacheConfig:
     def dir_mode(self) -> int:
         """Directory permission bits matching ``file_mode`` (read implies search)."""
         return dir_mode_for(self.file_mode)
+
+    @property
+    def shared_auth_mode(self) -> SharedAuth:
+        """``shared_auth``, or its default for the shared tier's file mode."""
+        if self.shared_auth is not None:
+            return self.shared_auth
+        return "store" if self.shared_modes[0] & 0o044 else "trust"
 
     @property
     def shared_modes(self) -> tuple[int, int]:

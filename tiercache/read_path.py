@@ -212,7 +212,7 @@ class ReadPath:
         Another user's process may have fetched it: the bytes are served only if the store
         lets this process's credentials read the object (raises ``PermissionError`` if not).
         """
-        if self._config.shared_auth == "trust":
+        if self._config.shared_auth_mode == "trust":
             return
         asked = self._authorized.get(entry.entry_id)
         if asked is not None and time.time() - asked < self._config.ttl:

@@ -1,4 +1,4 @@
-"""Fixtures of the shared-tier tests: the fault proxy (it counts requests as the server sees them)."""
+"""Shared-tier test fixtures: the fault proxy, which counts requests as the server sees them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "faults"))
 
-from proxy import FaultProxy  # noqa: E402
+from proxy import FaultProxy
 
 
 @pytest.fixture

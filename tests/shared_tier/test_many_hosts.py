@@ -154,11 +154,15 @@ def test_shared_entry_is_not_served_to_a_reader_the_store_refuses(
     data = os.urandom(MiB)
     s3_client.put_object(Bucket=bucket, Key="private.bin", Body=data)
     path = f"{bucket}/private.bin"
-    owner = _host_fs(s3.target_options(), str(tmp_path), 0)
+    # A group-readable shared tier: by default every reader is checked against the store.
+    owner = _host_fs(s3.target_options(), str(tmp_path), 0, shared_file_mode=0o660)
+    assert owner.config.shared_auth_mode == "store"
     assert owner.cat_file(path) == data
     owner.wait_fetches()
+    (published,) = glob.glob(str(tmp_path / "shared/objects/*/*.data"))
+    assert os.stat(published).st_mode & 0o777 == 0o660
     intruder_options = {**s3.target_options(), "secret": "not-the-secret"}
-    intruder = _host_fs(intruder_options, str(tmp_path), 1)
+    intruder = _host_fs(intruder_options, str(tmp_path), 1, shared_file_mode=0o660)
     assert intruder.is_cached(path, tier="shared")
     with pytest.raises(PermissionError):
         intruder.cat_file(path)

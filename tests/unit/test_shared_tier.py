@@ -115,9 +115,7 @@ def test_dry_run_of_the_shared_tier_removes_nothing(tmp_path: Path) -> None:
 def test_each_tier_stays_within_its_budget(tmp_path: Path) -> None:
     store, blobs = _store(30)
     entry = 100 * KiB
-    fs = _host(
-        tmp_path, store, "h1", local_max_bytes=5 * entry, shared_max_bytes=10 * entry
-    )
+    fs = _host(tmp_path, store, "h1", local_max_bytes=5 * entry, shared_max_bytes=10 * entry)
     peak_local = peak_shared = 0
     for path, blob in blobs.items():  # 3x the shared budget, 6x the local one
         assert fs.cat_file(path) == blob

@@ -110,6 +110,7 @@ def write_atomically(path: str, payload: bytes, mode: int, durable: bool = True)
     tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
+        os.fchmod(fd, mode)  # exact bits whatever the umask (a group-shared tier needs g+rw)
         os.write(fd, payload)
         if durable:
             os.fsync(fd)

@@ -136,6 +136,7 @@ class LeaseLock:
         except FileExistsError:
             return None
         try:
+            os.fchmod(fd, self.mode)
             os.write(fd, owner.to_json())
         finally:
             os.close(fd)

@@ -59,6 +59,17 @@ class SharedTier(LocalTier):
             min_free_bytes=min_free_bytes,
         )
         self.leases = LeaseLock(host_id, stale_after, file_mode)
+        # The umask would strip the group bits a tier shared by a group of users needs.
+        for path in (self.root, self.objects_dir, self.staging_dir):
+            _set_mode(path, dir_mode)
+
+    def paths(self, entry_id: str) -> EntryPaths:
+        shard = os.path.join(self.objects_dir, entry_id[:2])
+        fresh = shard not in self._shards_ready
+        paths = super().paths(entry_id)
+        if fresh:
+            _set_mode(shard, self.dir_mode)
+        return paths
 
     @property
     def host_id(self) -> str:
@@ -81,7 +92,9 @@ class SharedTier(LocalTier):
             if stale != paths.part:
                 remove_file(stale)
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        return os.open(paths.part, flags, self.file_mode)
+        fd = os.open(paths.part, flags, self.file_mode)
+        os.fchmod(fd, self.file_mode)
+        return fd
 
     def publish(
         self,
@@ -109,3 +122,10 @@ class SharedTier(LocalTier):
         for part in glob.glob(glob.escape(paths.part) + "*"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(part)
+
+
+def _set_mode(path: str, mode: int) -> None:
+    """Give a directory exactly ``mode`` if this user owns it (others' are left as they are)."""
+    with contextlib.suppress(PermissionError):
+        if os.stat(path).st_mode & 0o7777 != mode:
+            os.chmod(path, mode)

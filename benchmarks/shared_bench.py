@@ -1,0 +1,250 @@
+"""Shared-tier benchmark: L2-hit reads vs a plain read on the same filesystem; GETs per object.
+
+Part 1 fills the shared tier from S3 (one "host"), then reads every shard as another host
+would: through tiercache with ``shared_policy=serve`` (in place) and ``promote`` (copied into
+that host's local tier on first read), beside a plain read of copies of the same bytes in a
+directory of the same filesystem. Part 2 starts N processes standing in for H hosts on an
+empty shared tier; they all read every shard, and the store's GETs are counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import multiprocessing
+import os
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import common
+import xxhash
+from common import REPO, Endpoint, MiB, VerifyError
+
+from tiercache import TierCacheFileSystem
+
+DEFAULT_JSON = REPO / "benchmarks" / "results" / "shared_bench.json"
+
+NOTES = (
+    "plain_same_fs reads copies of the shards placed in a directory of the shared tier's "
+    "filesystem, with the same chunk size; page cache not dropped for either side.",
+    "l2_serve: a fresh host (empty local tier) reads every shard from the shared tier in "
+    "place. l2_promote: the same with shared_policy=promote, so each read also copies the "
+    "shard into that host's local tier (the price of the first read; later reads are local).",
+    "gets_per_object: N processes as H hosts (own host_id and local tier each host) read "
+    "every shard from an empty shared tier at once; GETs summed from every process's "
+    "store counters, divided by the shard count (1.0 = each object fetched once).",
+)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shards", type=int, default=8)
+    p.add_argument("--shard-mib", type=int, default=64)
+    p.add_argument("--chunk-mib", type=int, default=4)
+    p.add_argument("--processes", type=int, default=8)
+    p.add_argument("--hosts", type=int, default=4)
+    p.add_argument(
+        "--shared-dir",
+        type=Path,
+        help="directory on the shared filesystem to test (default: a temp dir, local disk)",
+    )
+    p.add_argument("--quick", action="store_true", help="4 x 16 MiB shards, 4 processes")
+    common.add_run_args(p, DEFAULT_JSON)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.shards, args.shard_mib, args.processes, args.hosts = 4, 16, 4, 2
+    return args
+
+
+def _read_all(
+    open_file: Callable[[str], Any], names: list[str], chunk: int
+) -> tuple[float, dict[str, str]]:
+    digests = {}
+    started = time.perf_counter()
+    hashers = {}
+    for name in names:
+        hasher = xxhash.xxh3_128()
+        with open_file(name) as f:
+            while block := f.read(chunk):
+                hasher.update(block)
+        hashers[name] = hasher
+    elapsed = time.perf_counter() - started
+    for name, hasher in hashers.items():
+        digests[name] = hasher.hexdigest()
+    return elapsed, digests
+
+
+def _host_fs(
+    endpoint: Endpoint, root: Path, shared: Path, host: str, **extra: Any
+) -> TierCacheFileSystem:
+    return TierCacheFileSystem(
+        target_options=endpoint.s3_options(),
+        local_dir=str(root / f"local-{host}"),
+        shared_dir=str(shared),
+        host_id=host,
+        consistency="immutable",
+        shared_max_bytes=1 << 50,
+        local_max_bytes=1 << 50,
+        skip_instance_cache=True,
+        **extra,
+    )
+
+
+def _process(
+    options: dict[str, Any],
+    root: str,
+    shared: str,
+    host: str,
+    paths: list[str],
+    start: Any,
+    out: Any,
+) -> None:
+    fs = TierCacheFileSystem(
+        target_options=options,
+        local_dir=os.path.join(root, f"local-{host}"),
+        shared_dir=shared,
+        host_id=host,
+        consistency="immutable",
+        skip_instance_cache=True,
+    )
+    start.wait()
+    digests = {p: xxhash.xxh3_128(fs.cat_file(p)).hexdigest() for p in paths}
+    fs.wait_fetches()
+    out.put((digests, fs.stats()["store_requests"].get("GetObject", 0)))
+
+
+def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[str, Any]:
+    client = common.make_client(endpoint)
+    bucket = f"tc-shared-bench-{os.getpid()}"
+    client.create_bucket(Bucket=bucket)
+    base = args.shared_dir or tmp
+    work = base / f"tiercache-shared-bench-{os.getpid()}"
+    work.mkdir(parents=True)
+    size = args.shard_mib * MiB
+    expected: dict[str, str] = {}
+    plain = work / "plain"
+    plain.mkdir()
+    names = []
+    for i in range(args.shards):
+        data = os.urandom(size)
+        key = f"shards/{i:04d}.bin"
+        client.put_object(Bucket=bucket, Key=key, Body=data)
+        (plain / f"{i:04d}.bin").write_bytes(data)
+        expected[f"{bucket}/{key}"] = xxhash.xxh3_128(data).hexdigest()
+        names.append(f"{bucket}/{key}")
+    chunk = args.chunk_mib * MiB
+    try:
+        samples: dict[str, list[float]] = {"plain_same_fs": [], "l2_serve": [], "l2_promote": []}
+        for repeat in range(args.repeat):
+            shared = work / f"shared-{repeat}"
+            filler = _host_fs(endpoint, work / f"r{repeat}", shared, "filler")
+            for name in names:
+                filler.cat_file(name)
+            filler.wait_fetches()
+            plain_names = [str(plain / Path(n).name) for n in names]
+            elapsed, got = _read_all(io.FileIO, plain_names, chunk)
+            if list(got.values()) != list(expected.values()):
+                raise VerifyError("plain read differs")
+            samples["plain_same_fs"].append(elapsed)
+            for policy in ("serve", "promote"):
+                reader = _host_fs(
+                    endpoint, work / f"r{repeat}", shared, f"reader-{policy}", shared_policy=policy
+                )
+                common.build_client_now(reader)
+                elapsed, got = _read_all(reader.open, names, chunk)
+                if got != expected:
+                    raise VerifyError(f"l2_{policy} read differs")
+                if reader.stats()["fetches"]:
+                    raise VerifyError(f"l2_{policy} fetched from the store")
+                samples[f"l2_{policy}"].append(elapsed)
+        total = args.shards * size
+        throughput = {k: total / MiB / statistics.median(v) for k, v in samples.items()}
+        gets = _gets_per_object(args, endpoint, work, names, expected)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {
+        "config": {
+            "shards": args.shards,
+            "shard_mib": args.shard_mib,
+            "chunk_mib": args.chunk_mib,
+            "repeat": args.repeat,
+            "processes": args.processes,
+            "hosts": args.hosts,
+            "shared_dir": str(base),
+        },
+        "machine": common.machine_info(endpoint),
+        "mib_per_s": throughput,
+        "ratios": {
+            "l2_serve_vs_plain_same_fs": throughput["l2_serve"] / throughput["plain_same_fs"],
+            "l2_promote_vs_plain_same_fs": throughput["l2_promote"] / throughput["plain_same_fs"],
+        },
+        "gets_per_object": gets,
+        "notes": list(NOTES),
+    }
+
+
+def _gets_per_object(
+    args: argparse.Namespace,
+    endpoint: Endpoint,
+    work: Path,
+    names: list[str],
+    expected: dict[str, str],
+) -> float:
+    ctx = multiprocessing.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    shared = str(work / "shared-race")
+    procs = [
+        ctx.Process(
+            target=_process,
+            args=(
+                endpoint.s3_options(),
+                str(work / "race"),
+                shared,
+                f"host{n % args.hosts}",
+                names,
+                start,
+                out,
+            ),
+        )
+        for n in range(args.processes)
+    ]
+    for proc in procs:
+        proc.start()
+    start.set()
+    results = [out.get(timeout=600) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=60)
+    for digests, _ in results:
+        if digests != expected:
+            raise VerifyError("a racing process read wrong bytes")
+    return sum(gets for _, gets in results) / len(names)
+
+
+def print_report(result: dict[str, Any]) -> None:
+    cfg = result["config"]
+    print(
+        f"\nshared tier: {cfg['shards']} x {cfg['shard_mib']} MiB, {cfg['chunk_mib']} MiB reads, "
+        f"median of {cfg['repeat']}, on {cfg['shared_dir']}"
+    )
+    for mode, rate in result["mib_per_s"].items():
+        print(f"  {mode:<16} {rate:>9,.0f} MiB/s")
+    for name, ratio in result["ratios"].items():
+        print(f"  {name:<32} {ratio:5.2f}x")
+    print(
+        f"  GETs per object, {cfg['processes']} processes as {cfg['hosts']} hosts: "
+        f"{result['gets_per_object']:.2f}"
+    )
+    common.print_notes(result["notes"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return common.run_main(parse_args(argv), "tiercache-shared-bench-", benchmark, print_report)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
