@@ -202,6 +202,7 @@ class Fetch:
     def _download_and_publish(self, paths: EntryPaths) -> CachedEntry:
         req = self.request
         started = time.monotonic()
+        asked_at = time.time()
         try:
             info = download(
                 self._store,
@@ -219,7 +220,9 @@ class Fetch:
                 raise CacheCorruptError(
                     f"{req.source}: fetched {self._hashed} bytes, the store said {info.size}"
                 )
-            meta = EntryMeta.for_object(info, req.source, req.namespace, self._hasher.hexdigest())
+            meta = EntryMeta.for_object(
+                info, req.source, req.namespace, self._hasher.hexdigest(), asked_at
+            )
             entry = self._tier.publish(paths, self._fd, meta)
         except BaseException:
             with contextlib.suppress(OSError):  # never mask the error being raised

@@ -67,7 +67,9 @@ def test_miss_fills_both_tiers(tmp_path: Path) -> None:
 
 def test_serve_policy_reads_in_place(tmp_path: Path) -> None:
     store, blobs = _store(2)
-    _host(tmp_path, store, "h1").cat(list(blobs))
+    filler = _host(tmp_path, store, "h1")
+    filler.cat(list(blobs))
+    filler.wait_fetches()
     reader = _host(tmp_path, store, "h2", shared_policy="serve")
     for path, blob in blobs.items():
         with reader.open(path) as f:
@@ -149,8 +151,9 @@ def test_watermarks_free_down_to_the_low_mark(tmp_path: Path) -> None:
 def test_min_free_bytes_evicts_when_the_disk_is_short(tmp_path: Path) -> None:
     store, blobs = _store(3)
     fs = _host(tmp_path, store, "h1", min_free_bytes=1 << 50)
-    fs.cat(list(blobs))
-    fs.wait_fetches()
+    for path in blobs:
+        fs.cat_file(path)
+        fs.wait_fetches()
     # No disk has a petabyte free: every fetch evicts all it can before it lands.
     assert fs.tier.usage(fresh=True) <= 100 * KiB
 

@@ -43,8 +43,19 @@ class EntryMeta:
     version: int = META_VERSION
 
     @classmethod
-    def for_object(cls, info: ObjectInfo, source: str, namespace: str, digest: str) -> EntryMeta:
-        """Metadata of bytes just fetched from, or stored to, the store (validated now)."""
+    def for_object(
+        cls,
+        info: ObjectInfo,
+        source: str,
+        namespace: str,
+        digest: str,
+        asked_at: float | None = None,
+    ) -> EntryMeta:
+        """Metadata of bytes just fetched from, or stored to, the store.
+
+        ``asked_at``: when the store was asked for them (default: now). It is the entry's
+        validation time: the store may have changed the object at any moment after it.
+        """
         now = time.time()
         return cls(
             source=source,
@@ -53,7 +64,7 @@ class EntryMeta:
             etag=info.etag,
             digest=digest,
             fetched_at=now,
-            validated_at=now,
+            validated_at=now if asked_at is None else asked_at,
             last_modified=info.last_modified,
         )
 
