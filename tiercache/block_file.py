@@ -6,20 +6,19 @@ the next blocks fetched ahead of it.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
 from typing import Any
 
 import xxhash
 
 from tiercache.block_fetch import BlockFetcher, BlockSource
-from tiercache.seek import seek_target
+from tiercache.seek import SeekableReader
 from tiercache.tiers.blocks import BlockEntry
 
 _MAX_READ = 1 << 30
 
 
-class BlockFile(io.RawIOBase):
+class BlockFile(SeekableReader):
     """A seekable, read-only binary file over an object cached block by block."""
 
     def __init__(
@@ -51,12 +50,6 @@ class BlockFile(io.RawIOBase):
 
     def info(self) -> dict[str, Any]:
         return {"name": self.path, "size": self.size, "type": "file", "ETag": self.etag}
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
 
     def _prepare(self, count: int) -> int:
         """Fetch what ``count`` bytes from the position need; return how many to read."""
@@ -115,15 +108,6 @@ class BlockFile(io.RawIOBase):
         while chunk := self.read(_MAX_READ):
             chunks.append(chunk)
         return b"".join(chunks)
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        self._checkClosed()
-        self._pos = seek_target(self._pos, self.size, offset, whence)
-        return self._pos
-
-    def tell(self) -> int:
-        self._checkClosed()
-        return self._pos
 
     def close(self) -> None:
         if not self.closed:

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 from tiercache.read_path import OpenedObject
-from tiercache.seek import seek_target
+from tiercache.seek import SeekableReader
 
 _MAX_PREAD = 1 << 30  # pread moves at most ~2 GiB per call on Linux; stay well below
 
 
-class CachedFile(io.RawIOBase):
+class CachedFile(SeekableReader):
     """A seekable, read-only binary file over a cached object."""
 
     def __init__(
@@ -53,12 +53,6 @@ class CachedFile(io.RawIOBase):
             "ETag": self.etag,
             **self._details,
         }
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
 
     def fileno(self) -> int:
         raise io.UnsupportedOperation("a cached object has no public file descriptor")
@@ -137,15 +131,6 @@ class CachedFile(io.RawIOBase):
         if self._direct is not None:
             return b""  # no look-ahead from the store: readline falls back to read(1)
         return os.pread(self._fd, count, self._pos) if count else b""
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        self._checkClosed()
-        self._pos = seek_target(self._pos, self.size, offset, whence)
-        return self._pos
-
-    def tell(self) -> int:
-        self._checkClosed()
-        return self._pos
 
     def close(self) -> None:
         if not self.closed:

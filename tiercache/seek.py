@@ -1,4 +1,4 @@
-"""Seek arithmetic shared by the read-only file objects (``CachedFile``, ``DirectFile``)."""
+"""Seek arithmetic and the base shared by the read-only file objects over cached objects."""
 
 from __future__ import annotations
 
@@ -14,3 +14,25 @@ def seek_target(position: int, size: int, offset: int, whence: int) -> int:
     if target < 0:
         raise ValueError(f"negative seek position {target}")
     return target
+
+
+class SeekableReader(io.RawIOBase):
+    """A read-only binary file of a known ``size`` with a position: readable, seek, tell."""
+
+    size: int
+    _pos: int
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._checkClosed()
+        self._pos = seek_target(self._pos, self.size, offset, whence)
+        return self._pos
+
+    def tell(self) -> int:
+        self._checkClosed()
+        return self._pos

@@ -218,8 +218,7 @@ class LocalTier:
     def create_part(self, paths: EntryPaths) -> int:
         """Create the part file afresh (a dead fetcher's leftover goes); hold the entry lock."""
         remove_file(paths.part)
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        return os.open(paths.part, flags, self.file_mode)
+        return create_exclusive(paths.part, self.file_mode)
 
     def publish(
         self,
@@ -426,6 +425,13 @@ def block_paths(paths: EntryPaths) -> BlockPaths:
 
 def pin_path(paths: EntryPaths) -> str:
     return paths.data[: -len(".data")] + ".pin"
+
+
+def create_exclusive(path: str, mode: int) -> int:
+    """Create ``path`` (never following a link) with exactly ``mode``; open it read-write."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    os.fchmod(fd, mode)
+    return fd
 
 
 def remove_file(path: str) -> None:

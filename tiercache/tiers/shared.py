@@ -23,7 +23,7 @@ from contextlib import contextmanager
 
 from tiercache.tiers.entry import CachedEntry, EntryMeta, EntryPaths
 from tiercache.tiers.lease import LeaseLock
-from tiercache.tiers.local import LocalTier, remove_file
+from tiercache.tiers.local import LocalTier, create_exclusive, remove_file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,10 +91,7 @@ class SharedTier(LocalTier):
         for stale in glob.glob(glob.escape(base) + ".*"):
             if stale != paths.part:
                 remove_file(stale)
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(paths.part, flags, self.file_mode)
-        os.fchmod(fd, self.file_mode)
-        return fd
+        return create_exclusive(paths.part, self.file_mode)
 
     def publish(
         self,
