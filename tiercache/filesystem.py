@@ -152,6 +152,9 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
             if mode == "xb" and self.exists(path):
                 raise FileExistsError(17, "object exists", path)
             entry_id = self.read_path.entry_id(bucket, key)
+            # The local tier will hold the new bytes; the shared tier's old copy must not
+            # outlive them there (an immutable reader would be served it after eviction).
+            self.read_path.invalidate_shared(bucket, key)
             on_close = None
             if self.config.write_mode == "behind":
                 commit: Committer = self._runtime.write_behind

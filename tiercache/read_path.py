@@ -232,6 +232,11 @@ class ReadPath:
             with contextlib.suppress(Exception):
                 fetch.wait_finished()
 
+    def invalidate_shared(self, bucket: str, key: str) -> None:
+        """Drop the shared tier's copy of an object this process is about to replace."""
+        if self._shared is not None:
+            self._shared.invalidate(self.entry_id(bucket, key), self._config.lock_timeout)
+
     def invalidate(self, bucket: str, key: str) -> None:
         """Forget a cached object (it was overwritten or deleted through this filesystem)."""
         entry_id = self.entry_id(bucket, key)
@@ -312,6 +317,8 @@ class ReadPath:
     def _open_published(self, fetch: Fetch) -> OpenedObject:
         entry = fetch.wait_finished()
         if self._shared is not None:  # promoted by the fetch, or else read in place
+            # Published by whoever held the lease, maybe another user: check this reader.
+            self._authorize(entry, fetch.request.bucket, fetch.request.key)
             local = self._tier.lookup(entry.entry_id, entry.meta.namespace, entry.meta.source)
             if local is not None and local.meta.etag == entry.meta.etag:
                 opened = self._open_entry(self._tier, local, "hits")

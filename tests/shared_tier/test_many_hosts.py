@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import random
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -169,3 +170,30 @@ def test_shared_entry_is_not_served_to_a_reader_the_store_refuses(
     assert not intruder.is_cached(path, tier="local")
     trusting = _host_fs(intruder_options, str(tmp_path), 2, shared_auth="trust")
     assert trusting.cat_file(path) == data  # the documented cost of shared_auth=trust
+
+
+def test_a_refused_reader_waiting_on_another_users_fetch_is_refused(
+    s3: Any, s3_client: Any, bucket: str, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    data = os.urandom(8 * MiB)
+    s3_client.put_object(Bucket=bucket, Key="slow.bin", Body=data)
+    path = f"{bucket}/slow.bin"
+    # The owner's GET stalls for a while mid-body, then resumes: the intruder arrives while
+    # the owner holds the entry's lease, waits for it, and finds the entry published.
+    proxy.truncate_next(1, after_bytes=MiB, hold=2.0, method="GET")
+    owner_options = {**s3.target_options(), "endpoint_url": proxy.url}
+    owner = _host_fs(owner_options, str(tmp_path), 0, shared_file_mode=0o660)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(bytes(owner.cat_file(path))))
+    reader.start()
+    deadline = time.monotonic() + 30
+    while _part_bytes(tmp_path) < MiB:
+        assert time.monotonic() < deadline, "the owner's fetch never started"
+        time.sleep(0.01)
+    intruder_options = {**s3.target_options(), "secret": "not-the-secret"}
+    intruder = _host_fs(intruder_options, str(tmp_path), 1, shared_file_mode=0o660)
+    with pytest.raises(PermissionError):
+        intruder.cat_file(path)
+    reader.join(timeout=60)
+    assert got == [data]
+    assert intruder.stats()["fetches"] == 0  # it waited for the owner's fetch, then was refused

@@ -239,3 +239,17 @@ def test_a_released_lease_belongs_to_nobody(tmp_path: Path) -> None:
     first.release(str(lock), token)  # a stale release must not remove the new owner's lease
     assert LeaseOwner.read(str(lock)) is not None
     second.release(str(lock), token2)
+
+
+def test_a_write_drops_the_shared_copy_of_the_old_bytes(tmp_path: Path) -> None:
+    store, blobs = _store(1)
+    path = next(iter(blobs))
+    fs = _host(tmp_path, store, "h1", write_mode="through")
+    fs.cat_file(path)
+    fs.wait_fetches()
+    assert fs.is_cached(path, tier="shared")
+    with fs.open(path, "wb") as f:
+        f.write(b"rewritten")
+    assert not fs.is_cached(path, tier="shared")
+    fs.evict(0)  # even with the local copy gone, the old bytes are not served
+    assert fs.cat_file(path) == b"rewritten"
