@@ -190,7 +190,8 @@ def test_a_refused_reader_waiting_on_another_users_fetch_is_refused(
     while _part_bytes(tmp_path) < MiB:
         assert time.monotonic() < deadline, "the owner's fetch never started"
         time.sleep(0.01)
-    intruder_options = {**s3.target_options(), "secret": "not-the-secret"}
+    # Same endpoint URL as the owner: entries are named by endpoint, bucket and key.
+    intruder_options = {**owner_options, "secret": "not-the-secret"}
     intruder = _host_fs(intruder_options, str(tmp_path), 1, shared_file_mode=0o660)
     with pytest.raises(PermissionError):
         intruder.cat_file(path)
