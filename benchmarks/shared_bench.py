@@ -34,7 +34,9 @@ NOTES = (
     "filesystem, with the same chunk size; page cache not dropped for either side.",
     "l2_serve: a fresh host (empty local tier) reads every shard from the shared tier in "
     "place. l2_promote: the same with shared_policy=promote, so each read also copies the "
-    "shard into that host's local tier (the price of the first read; later reads are local).",
+    "shard into that host's local tier (the price of the first read; later reads are local); "
+    "its baseline plain_copy_then_read copies each plain file on the same filesystem "
+    "(shutil.copyfile) and reads the copy.",
     "gets_per_object: N processes as H hosts (own host_id and local tier each host) read "
     "every shard from an empty shared tier at once; GETs summed from every process's "
     "store counters, divided by the shard count (1.0 = each object fetched once).",
@@ -77,6 +79,21 @@ def _read_all(
     for name, hasher in hashers.items():
         digests[name] = hasher.hexdigest()
     return elapsed, digests
+
+
+def _copy_then_read(names: list[str], dest: Path, chunk: int) -> tuple[float, dict[str, str]]:
+    """What promotion does without tiercache: copy each file, then read the copy."""
+    dest.mkdir()
+    started = time.perf_counter()
+    copies = []
+    for name in names:
+        copy = dest / Path(name).name
+        shutil.copyfile(name, copy)  # copy_file_range / sendfile, as promotion uses
+        copies.append(str(copy))
+    copy_time = time.perf_counter() - started
+    elapsed, digests = _read_all(io.FileIO, copies, chunk)
+    renamed = {name: digests[copy] for name, copy in zip(names, copies, strict=True)}
+    return copy_time + elapsed, renamed
 
 
 def _host_fs(
@@ -139,7 +156,12 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[s
         names.append(f"{bucket}/{key}")
     chunk = args.chunk_mib * MiB
     try:
-        samples: dict[str, list[float]] = {"plain_same_fs": [], "l2_serve": [], "l2_promote": []}
+        samples: dict[str, list[float]] = {
+            "plain_same_fs": [],
+            "plain_copy_then_read": [],
+            "l2_serve": [],
+            "l2_promote": [],
+        }
         for repeat in range(args.repeat):
             shared = work / f"shared-{repeat}"
             filler = _host_fs(endpoint, work / f"r{repeat}", shared, "filler")
@@ -151,6 +173,10 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[s
             if list(got.values()) != list(expected.values()):
                 raise VerifyError("plain read differs")
             samples["plain_same_fs"].append(elapsed)
+            elapsed, got = _copy_then_read(plain_names, work / f"copies-{repeat}", chunk)
+            if list(got.values()) != list(expected.values()):
+                raise VerifyError("plain copy differs")
+            samples["plain_copy_then_read"].append(elapsed)
             for policy in ("serve", "promote"):
                 reader = _host_fs(
                     endpoint, work / f"r{repeat}", shared, f"reader-{policy}", shared_policy=policy
@@ -181,7 +207,8 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[s
         "mib_per_s": throughput,
         "ratios": {
             "l2_serve_vs_plain_same_fs": throughput["l2_serve"] / throughput["plain_same_fs"],
-            "l2_promote_vs_plain_same_fs": throughput["l2_promote"] / throughput["plain_same_fs"],
+            "l2_promote_vs_plain_copy_then_read": throughput["l2_promote"]
+            / throughput["plain_copy_then_read"],
         },
         "gets_per_object": gets,
         "notes": list(NOTES),
