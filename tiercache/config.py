@@ -93,6 +93,11 @@ class TierCacheConfig:
         verify: when a cached file is checked against its xxh3 digest before it is served:
             ``reboot`` once after each kernel boot (what a crash can tear), ``always`` on every
             open (catches any corruption on disk, at the cost of reading each file twice).
+        prefetch_workers: objects one process prefetches at once (its prefetch worker pool).
+        readahead: objects after the one being opened that a read-ahead order prefetches (k).
+        prefetch_window_bytes: bytes one process may hold prefetched and not yet read, in
+            flight included (protected from eviction until read); the next object is fetched
+            only when it fits (default: half of ``local_max_bytes``).
     """
 
     local_dir: str = dataclasses.field(default_factory=default_local_dir)
@@ -114,6 +119,9 @@ class TierCacheConfig:
     exit_flush_timeout: float = 60.0
     keep_checkpoints: int = 2
     verify: Verify = "reboot"
+    prefetch_workers: int = 4
+    readahead: int = 4
+    prefetch_window_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.local_dir, str) or not self.local_dir:
@@ -147,11 +155,25 @@ class TierCacheConfig:
         _require_int("keep_checkpoints", self.keep_checkpoints, minimum=0, maximum=1000)
         if self.verify not in get_args(Verify):
             raise ConfigError(f"verify must be reboot or always, got {self.verify!r}")
+        _require_int("prefetch_workers", self.prefetch_workers, minimum=1, maximum=64)
+        _require_int("readahead", self.readahead, minimum=0, maximum=10000)
+        if self.prefetch_window_bytes is not None:
+            _require_int(
+                "prefetch_window_bytes",
+                self.prefetch_window_bytes,
+                minimum=1,
+                maximum=self.local_max_bytes,
+            )
 
     @property
     def dirty_budget(self) -> int:
         """The back-pressure threshold in bytes."""
         return self.dirty_max_bytes or max(1, self.local_max_bytes // 2)
+
+    @property
+    def prefetch_window(self) -> int:
+        """Bytes prefetched and not yet read that one process may hold."""
+        return self.prefetch_window_bytes or max(1, self.local_max_bytes // 2)
 
     @property
     def dir_mode(self) -> int:
@@ -188,6 +210,8 @@ class TierCacheConfig:
 
 _SIZE_FIELDS = {"local_max_bytes", "part_size", "dirty_max_bytes"}
 _INT_FIELDS = {"fetch_concurrency", "retries", "upload_workers", "keep_checkpoints"}
+_SIZE_FIELDS |= {"prefetch_window_bytes"}
+_INT_FIELDS |= {"prefetch_workers", "readahead"}
 _FLOAT_FIELDS = {
     "ttl",
     "lock_timeout",

@@ -13,7 +13,7 @@ import os
 import shutil
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from fsspec.utils import stringify_path
@@ -22,6 +22,8 @@ from tiercache.cached_file import CachedFile
 from tiercache.config import TierCacheConfig
 from tiercache.direct_file import DirectFile
 from tiercache.errors import ConfigError, ObjectNotFoundError, TierFullError
+from tiercache.prefetch import Budget, PrefetchHandle, ReadAhead
+from tiercache.prefetch.targets import check_tier, expand
 from tiercache.read_path import source_url
 from tiercache.runtime import runtime_for
 from tiercache.staged_write import Committer, StagedWriteFile
@@ -128,7 +130,11 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
             raise IsADirectoryError(21, "a bucket is not a file", path)
         if mode == "rb":
             try:
-                opened = self.read_path.open(bucket, key)
+                with self._runtime.prefetch.reading(bucket, key):
+                    started = time.monotonic()
+                    opened = self.read_path.open(bucket, key)
+                    if opened.fetch is not None:  # a fetch in progress: open waited for it
+                        self._count_wait(time.monotonic() - started)
             except TierFullError:
                 return self._direct_file(bucket, key)
 
@@ -137,7 +143,13 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
                     return None
                 return self._direct_file(bucket, key)
 
-            return CachedFile(f"{bucket}/{key}", opened, self._count_read, on_tier_full=fall_back)
+            return CachedFile(
+                f"{bucket}/{key}",
+                opened,
+                self._count_read,
+                on_tier_full=fall_back,
+                on_wait=self._count_wait,
+            )
         if mode in ("wb", "xb"):
             if mode == "xb" and self.exists(path):
                 raise FileExistsError(17, "object exists", path)
@@ -176,6 +188,9 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
 
     def _count_read(self, nbytes: int) -> None:
         self._stats.add("bytes_read", nbytes)
+
+    def _count_wait(self, seconds: float) -> None:
+        self._stats.add_time("reader_wait_seconds", seconds)
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         bucket, key = self.split_path(path)
@@ -449,8 +464,50 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
             self._stats.add("bytes_evicted", report.removed_bytes)
         return report
 
+    # -- prefetch ----------------------------------------------------------------------------
+
+    def prefetch(
+        self,
+        paths: str | Sequence[str],
+        priority: int = 0,
+        tier: str = "local",
+        pin: bool = True,
+    ) -> PrefetchHandle:
+        """Bring objects into the cache ahead of their readers; returns at once with a handle.
+
+        ``paths``: one object, a prefix (its objects in listing order), a glob, or a list.
+        Higher ``priority`` goes first. With ``pin`` (the default) each object stays protected
+        from eviction until a reader opens it, and at most ``prefetch_window_bytes`` are held
+        so: past that the next object waits for a reader. ``pin=False`` fetches as much as
+        the tier's budget holds and skips the rest (a process that will not read them).
+        """
+        check_tier(tier)
+        targets = expand(self, paths)
+        engine = self._runtime.prefetch
+        handle = PrefetchHandle(engine.cancel)
+        budgets = () if pin else (Budget(self.config.local_max_bytes, sticky=True),)
+        engine.submit(targets, handle, priority=priority, pin=pin, budgets=budgets)
+        return handle
+
+    def read_ahead(
+        self,
+        order: str | Sequence[str],
+        k: int | None = None,
+        window_bytes: int | None = None,
+        priority: int = 0,
+    ) -> ReadAhead:
+        """Prefetch along a read order: opening its object i queues objects i+1..i+k.
+
+        ``order`` is a list of paths or a prefix (its listing order); ``k`` defaults to the
+        ``readahead`` option, and ``window_bytes`` caps this order's bytes ahead of the reader
+        (within ``prefetch_window_bytes``). Close it (or use ``with``) when done reading.
+        """
+        count = self.config.readahead if k is None else k
+        return ReadAhead(self._runtime.prefetch, expand(self, order), count, window_bytes, priority)
+
     def stats(self) -> dict[str, Any]:
         """Counters of this process: cache hits/misses/bytes, store requests, tier usage."""
+        self._runtime.prefetch.sweep()
         return {
             **self._stats.snapshot(),
             "store_requests": self.store.request_counts(),

@@ -102,6 +102,12 @@ class ReadPath:
             return None
         return self._join_or_start(bucket, key)
 
+    def in_flight(self, bucket: str, key: str) -> Fetch | None:
+        """The fetch of this object running in this process, if any (prefetch reports joins)."""
+        with self._flights_lock:
+            fetch = self._flights.get(self.entry_id(bucket, key))
+        return fetch if fetch is not None and not fetch.finished else None
+
     def wait_idle(self) -> None:
         """Wait until every fetch this process started has published (or failed)."""
         with self._flights_lock:

@@ -1,0 +1,90 @@
+"""``ReadAhead``: a known read order; opening object i prefetches objects i+1..i+k."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from types import TracebackType
+
+from tiercache.prefetch.engine import Budget, PrefetchEngine, Target
+from tiercache.prefetch.handle import PrefetchHandle
+
+
+class ReadAhead:
+    """Prefetch along an order as a reader moves through it.
+
+    The first ``k`` objects are queued at once; each open of an object of the order queues
+    the ``k`` after it. The engine's window (and ``window_bytes``, if given, for this order
+    alone) bounds the bytes held ahead of the reader: past it the next object waits until
+    the reader opens one. ``close()`` (or leaving the ``with`` block) releases what is left.
+    """
+
+    def __init__(
+        self,
+        engine: PrefetchEngine,
+        order: Sequence[Target],
+        k: int,
+        window_bytes: int | None = None,
+        priority: int = 0,
+    ) -> None:
+        self._engine = engine
+        self._order = list(order)
+        self._paths = [f"{b}/{key}" for b, key, _ in self._order]
+        self._index: dict[str, int] = {}
+        for i, path in enumerate(self._paths):
+            self._index.setdefault(path, i)
+        self.k = k
+        self._priority = priority
+        self._budgets = (Budget(window_bytes),) if window_bytes else ()
+        self._lock = threading.Lock()
+        self._scheduled = 0  # objects [0, _scheduled) are queued or done
+        self.handle = PrefetchHandle(engine.cancel, sealed=False)
+        self._closed = False
+        engine.listen(self._paths, self)
+        self._schedule_to(min(k, len(self._order)))
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __enter__(self) -> ReadAhead:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def paths(self) -> list[str]:
+        """The order, as ``bucket/key`` paths."""
+        return list(self._paths)
+
+    def opened(self, path: str) -> None:
+        """A reader opened ``path``: queue the ``k`` objects after it."""
+        i = self._index.get(path)
+        if i is not None:
+            self._schedule_to(min(i + 1 + self.k, len(self._order)))
+
+    def close(self) -> None:
+        """Stop prefetching for this order; what it holds unread becomes evictable."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._engine.unlisten(self._paths, self)
+        self.handle.cancel()
+
+    def _schedule_to(self, end: int) -> None:
+        with self._lock:
+            if self._closed or end <= self._scheduled:
+                return
+            batch = self._order[self._scheduled : end]
+            self._scheduled = end
+        self._engine.submit(
+            batch, self.handle, priority=self._priority, pin=True, budgets=self._budgets
+        )
+        if end == len(self._order):
+            self.handle.seal()
