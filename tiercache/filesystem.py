@@ -132,8 +132,9 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
             try:
                 with self._runtime.prefetch.reading(bucket, key):
                     started = time.monotonic()
+                    joined = self.read_path.in_flight(bucket, key) is not None
                     opened = self.read_path.open(bucket, key)
-                    if opened.fetch is not None:  # a fetch in progress: open waited for it
+                    if joined or opened.fetch is not None:  # open waited for a fetch
                         self._count_wait(time.monotonic() - started)
             except TierFullError:
                 return self._direct_file(bucket, key)

@@ -108,6 +108,21 @@ class ReadPath:
             fetch = self._flights.get(self.entry_id(bucket, key))
         return fetch if fetch is not None and not fetch.finished else None
 
+    def hold(self, fetch: Fetch) -> int:
+        """A descriptor with a shared lock on the bytes ``fetch`` brings, taken on the part file
+        (which becomes the data file) so that eviction leaves the entry from the moment it is
+        published; the prefetcher holds one until a reader opens the object."""
+        fetch.wait_started()
+        if fetch.info is not None:
+            try:
+                fd = os.open(fetch.part_path(), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except FileNotFoundError:
+                pass  # published already: hold the data file
+            else:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                return fd
+        return self._tier.open_data(fetch.wait_finished())
+
     def wait_idle(self) -> None:
         """Wait until every fetch this process started has published (or failed)."""
         with self._flights_lock:

@@ -213,6 +213,7 @@ class PrefetchEngine:
                     self._drop(item)
                     if item.brought:
                         self._count_used(item.size or 0)
+                    self._cond.notify_all()  # room in the window: the next object may go
             unused = self._unused.pop(path, None)
             order = self._listeners.get(path)
         if unused is not None:
@@ -320,17 +321,25 @@ class PrefetchEngine:
 
     def _fetch(self, item: _Item) -> None:
         size = item.size or 0
-        outcome, error = CACHED, None
+        outcome, error, fd = CACHED, None, -1
         try:
             joined = self._read_path.in_flight(item.bucket, item.key) is not None
             fetch = self._read_path.warm(item.bucket, item.key)
+            if fetch is None and item.pin:
+                fd = self._pin_cached(item)
+                if fd < 0:  # evicted between the check and the pin: fetch it after all
+                    fetch = self._read_path.warm(item.bucket, item.key)
             if fetch is not None:
+                if item.pin:  # before it is published: no moment where eviction may take it
+                    fd = self._read_path.hold(fetch)
                 fetch.wait_finished()
                 if not joined and fetch.info is not None:
                     outcome = FETCHED
         except Exception as exc:
             outcome, error = FAILED, exc
-        fd = self._pin_fd(item) if item.pin and outcome != FAILED else -1
+            if fd >= 0:
+                os.close(fd)
+                fd = -1
         with self._cond:
             item.brought = outcome == FETCHED
             if outcome == FETCHED:
@@ -354,8 +363,8 @@ class PrefetchEngine:
         if not keep and fd >= 0:
             os.close(fd)
 
-    def _pin_fd(self, item: _Item) -> int:
-        """A shared lock on the entry's data, which keeps eviction off it; -1 if it is gone."""
+    def _pin_cached(self, item: _Item) -> int:
+        """A shared lock on a cached entry's data, which keeps eviction off it; -1 if gone."""
         entry = self._read_path.cached(item.bucket, item.key)
         if entry is None:
             return -1

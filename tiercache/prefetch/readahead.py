@@ -37,11 +37,11 @@ class ReadAhead:
         self._priority = priority
         self._budgets = (Budget(window_bytes),) if window_bytes else ()
         self._lock = threading.Lock()
-        self._scheduled = 0  # objects [0, _scheduled) are queued or done
+        self._scheduled = 0  # objects before this one are queued, done or passed by
         self.handle = PrefetchHandle(engine.cancel, sealed=False)
         self._closed = False
         engine.listen(self._paths, self)
-        self._schedule_to(min(k, len(self._order)))
+        self._schedule(0, min(k, len(self._order)))
 
     def __len__(self) -> int:
         return len(self._order)
@@ -66,7 +66,7 @@ class ReadAhead:
         """A reader opened ``path``: queue the ``k`` objects after it."""
         i = self._index.get(path)
         if i is not None:
-            self._schedule_to(min(i + 1 + self.k, len(self._order)))
+            self._schedule(i + 1, min(i + 1 + self.k, len(self._order)))
 
     def close(self) -> None:
         """Stop prefetching for this order; what it holds unread becomes evictable."""
@@ -77,11 +77,13 @@ class ReadAhead:
         self._engine.unlisten(self._paths, self)
         self.handle.cancel()
 
-    def _schedule_to(self, end: int) -> None:
+    def _schedule(self, start: int, end: int) -> None:
+        """Queue objects [start, end) not queued yet (those behind the reader never are)."""
         with self._lock:
-            if self._closed or end <= self._scheduled:
+            start = max(start, self._scheduled)
+            if self._closed or end <= start:
                 return
-            batch = self._order[self._scheduled : end]
+            batch = self._order[start:end]
             self._scheduled = end
         self._engine.submit(
             batch, self.handle, priority=self._priority, pin=True, budgets=self._budgets
