@@ -198,6 +198,10 @@ class Fetch:
                     f"{req.source}: fetched {self._hashed} bytes, the store said {info.size}"
                 )
             meta = EntryMeta.for_object(info, req.source, req.namespace, self._hasher.hexdigest())
+            # Published bytes count in the tier's usage: still reserved, they would count twice
+            # and a concurrent fetch would evict an entry too many to make room.
+            self._tier.release(self._reserved)
+            self._reserved = 0
             entry = self._tier.publish(paths, self._fd, meta)
         except BaseException:
             with contextlib.suppress(OSError):  # never mask the error being raised

@@ -253,20 +253,24 @@ class LocalTier:
             self._reserved += nbytes
             reserved = self._reserved
         if self.usage() + reserved > self.max_bytes:
-            self.evict(self.max_bytes - reserved)
+            # Part files of this process's fetches are in ``reserved`` already: counting them
+            # again made concurrent fetches evict up to their own size twice over.
+            self.evict(self.max_bytes - reserved, count_parts=False)
 
     def release(self, nbytes: int) -> None:
         """The reserved bytes are now published (and counted by ``usage``) or abandoned."""
         with self._lock:
             self._reserved -= nbytes
 
-    def evict(self, target_bytes: int, dry_run: bool = False) -> EvictionReport:
+    def evict(
+        self, target_bytes: int, dry_run: bool = False, count_parts: bool = True
+    ) -> EvictionReport:
         """Remove least-recently-used clean entries until usage is at most ``target_bytes``.
 
         Entries that are open (a reader's shared lock), being fetched or published (the entry
         lock), dirty, or chosen by ``keep`` (the newest checkpoints) are kept.
         """
-        rows = sorted(self._scan(), key=lambda r: r.last_access)
+        rows = sorted(self._scan(count_parts), key=lambda r: r.last_access)
         usage = sum(r.size for r in rows)
         report = EvictionReport()
         for row in rows:
@@ -303,7 +307,7 @@ class LocalTier:
         finally:
             unlock(fd)
 
-    def _scan(self) -> list[_ScanRow]:
+    def _scan(self, count_parts: bool = True) -> list[_ScanRow]:
         """One row per entry: data bytes (plus any part file) and last access."""
         rows: dict[str, list[float]] = {}
         try:
@@ -315,7 +319,7 @@ class LocalTier:
                 continue
             for item in os.scandir(shard.path):
                 name, _, suffix = item.name.partition(".")
-                if suffix not in ("data", "meta", "part"):
+                if suffix not in ("data", "meta", "part") or (suffix == "part" and not count_parts):
                     continue
                 try:
                     st = item.stat(follow_symlinks=False)
