@@ -86,10 +86,10 @@ class AsyncTierCacheFileSystem(AsyncFileSystem):  # type: ignore[misc]
     # -- metadata ----------------------------------------------------------------------------
 
     async def _info(self, path: str, **kwargs: Any) -> dict[str, Any]:
-        return await self._call(self.sync_fs.info, path)
+        return await self._call(self.sync_fs.info, self._strip_protocol(path))
 
     async def _ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
-        return await self._call(self.sync_fs.ls, path, detail=detail)
+        return await self._call(self.sync_fs.ls, self._strip_protocol(path), detail=detail)
 
     async def _find(
         self,
@@ -100,7 +100,11 @@ class AsyncTierCacheFileSystem(AsyncFileSystem):  # type: ignore[misc]
         **kwargs: Any,
     ) -> Any:
         return await self._call(
-            self.sync_fs.find, path, maxdepth=maxdepth, withdirs=withdirs, detail=detail
+            self.sync_fs.find,
+            self._strip_protocol(path),
+            maxdepth=maxdepth,
+            withdirs=withdirs,
+            detail=detail,
         )
 
     # -- data --------------------------------------------------------------------------------
@@ -108,29 +112,33 @@ class AsyncTierCacheFileSystem(AsyncFileSystem):  # type: ignore[misc]
     async def _cat_file(
         self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
     ) -> bytes:
-        return bytes(await self._call(self.sync_fs.cat_file, path, start=start, end=end))
+        return bytes(
+            await self._call(
+                self.sync_fs.cat_file, self._strip_protocol(path), start=start, end=end
+            )
+        )
 
     async def _pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kw: Any) -> None:
-        await self._call(self.sync_fs.pipe_file, path, value, mode=mode)
+        await self._call(self.sync_fs.pipe_file, self._strip_protocol(path), value, mode=mode)
 
     async def _rm_file(self, path: str, **kwargs: Any) -> None:
-        await self._call(self.sync_fs.rm_file, path)
+        await self._call(self.sync_fs.rm_file, self._strip_protocol(path))
 
     async def _get_file(self, rpath: str, lpath: str, **kwargs: Any) -> None:
-        await self._call(self.sync_fs.get_file, rpath, lpath)
+        await self._call(self.sync_fs.get_file, self._strip_protocol(rpath), lpath)
 
     async def _put_file(self, lpath: str, rpath: str, **kwargs: Any) -> None:
-        await self._call(self.sync_fs.put_file, lpath, rpath)
+        await self._call(self.sync_fs.put_file, lpath, self._strip_protocol(rpath))
 
     async def open_async(self, path: str, mode: str = "rb", **kwargs: Any) -> AsyncCachedFile:
         """An async file over the cache (``await f.read()``); only ``rb``."""
         if mode != "rb":
             raise ValueError(f"open_async supports mode 'rb' only, got {mode!r}")
-        raw = await self._call(self.sync_fs.open, path, "rb")
+        raw = await self._call(self.sync_fs.open, self._strip_protocol(path), "rb")
         return AsyncCachedFile(self, raw)
 
     def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
-        return self.sync_fs.open(path, mode, **kwargs)
+        return self.sync_fs.open(self._strip_protocol(path), mode, **kwargs)
 
     # -- prefetch ----------------------------------------------------------------------------
 
