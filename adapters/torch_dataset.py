@@ -144,3 +144,6 @@ class ShardDataset(torch.utils.data.IterableDataset[Any]):
                     yield data
                 else:
                     yield from self.decode(data)
+        # A DataLoader worker exits after its last sample: let its fetches publish first, or
+        # the next epoch's worker would fetch those shards again.
+        fs.wait_fetches()

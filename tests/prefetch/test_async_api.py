@@ -1,4 +1,4 @@
-"""The asyncio face against the real S3 server: same tier, flights and prefetcher as the sync one."""
+"""The asyncio face on the real S3 server: the same tier, flights and prefetcher as the sync one."""
 
 from __future__ import annotations
 
