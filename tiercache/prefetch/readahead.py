@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Sequence
 from types import TracebackType
@@ -14,7 +15,8 @@ class ReadAhead:
     """Prefetch along an order as a reader moves through it.
 
     The first ``k`` objects are queued at once; each open of an object of the order queues
-    the ``k`` after it. The engine's window (and ``window_bytes``, if given, for this order
+    the ``k`` after it. An object may appear more than once (several epochs in one order):
+    an open counts as its next occurrence after the reader's position. The engine's window (and ``window_bytes``, if given, for this order
     alone) bounds the bytes held ahead of the reader: past it the next object waits until
     the reader opens one. ``close()`` (or leaving the ``with`` block) releases what is left.
     """
@@ -30,9 +32,10 @@ class ReadAhead:
         self._engine = engine
         self._order = list(order)
         self._paths = [f"{b}/{key}" for b, key, _ in self._order]
-        self._index: dict[str, int] = {}
+        self._positions: dict[str, list[int]] = {}
         for i, path in enumerate(self._paths):
-            self._index.setdefault(path, i)
+            self._positions.setdefault(path, []).append(i)
+        self._cursor = -1  # the reader's position: the last object of the order it opened
         self.k = k
         self._priority = priority
         self._budgets = (Budget(window_bytes),) if window_bytes else ()
@@ -40,7 +43,7 @@ class ReadAhead:
         self._scheduled = 0  # objects before this one are queued, done or passed by
         self.handle = PrefetchHandle(engine.cancel, sealed=False)
         self._closed = False
-        engine.listen(self._paths, self)
+        engine.listen(list(self._positions), self)
         self._schedule(0, min(k, len(self._order)))
 
     def __len__(self) -> int:
@@ -64,9 +67,14 @@ class ReadAhead:
 
     def opened(self, path: str) -> None:
         """A reader opened ``path``: queue the ``k`` objects after it."""
-        i = self._index.get(path)
-        if i is not None:
-            self._schedule(i + 1, min(i + 1 + self.k, len(self._order)))
+        positions = self._positions.get(path)
+        if not positions:
+            return
+        with self._lock:
+            nth = bisect.bisect_right(positions, self._cursor)
+            i = positions[min(nth, len(positions) - 1)]
+            self._cursor = max(self._cursor, i)
+        self._schedule(i + 1, min(i + 1 + self.k, len(self._order)))
 
     def close(self) -> None:
         """Stop prefetching for this order; what it holds unread becomes evictable."""
@@ -74,7 +82,7 @@ class ReadAhead:
             if self._closed:
                 return
             self._closed = True
-        self._engine.unlisten(self._paths, self)
+        self._engine.unlisten(list(self._positions), self)
         self.handle.cancel()
 
     def _schedule(self, start: int, end: int) -> None:
