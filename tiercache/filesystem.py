@@ -465,29 +465,22 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
             self._stats.add("bytes_evicted", report.removed_bytes)
         return report
 
-    # -- prefetch ----------------------------------------------------------------------------
+    # -- prefetch (tiercache/prefetch/) ------------------------------------------------------
 
     def prefetch(
-        self,
-        paths: str | Sequence[str],
-        priority: int = 0,
-        tier: str = "local",
-        pin: bool = True,
+        self, paths: str | Sequence[str], priority: int = 0, tier: str = "local", pin: bool = True
     ) -> PrefetchHandle:
-        """Bring objects into the cache ahead of their readers; returns at once with a handle.
+        """Bring objects (one, a prefix, a glob or a list) into the cache; returns a handle.
 
-        ``paths``: one object, a prefix (its objects in listing order), a glob, or a list.
-        Higher ``priority`` goes first. With ``pin`` (the default) each object stays protected
-        from eviction until a reader opens it, and at most ``prefetch_window_bytes`` are held
-        so: past that the next object waits for a reader. ``pin=False`` fetches as much as
-        the tier's budget holds and skips the rest (a process that will not read them).
+        Higher ``priority`` goes first. With ``pin`` an object stays protected from eviction
+        until a reader opens it, within ``prefetch_window_bytes`` (past it the next object
+        waits for a reader); ``pin=False`` fills the tier's budget and skips the rest.
         """
         check_tier(tier)
-        targets = expand(self, paths)
         engine = self._runtime.prefetch
         handle = PrefetchHandle(engine.cancel)
         budgets = () if pin else (Budget(self.config.local_max_bytes, sticky=True),)
-        engine.submit(targets, handle, priority=priority, pin=pin, budgets=budgets)
+        engine.submit(expand(self, paths), handle, priority, pin, budgets)
         return handle
 
     def read_ahead(
@@ -497,12 +490,7 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         window_bytes: int | None = None,
         priority: int = 0,
     ) -> ReadAhead:
-        """Prefetch along a read order: opening its object i queues objects i+1..i+k.
-
-        ``order`` is a list of paths or a prefix (its listing order); ``k`` defaults to the
-        ``readahead`` option, and ``window_bytes`` caps this order's bytes ahead of the reader
-        (within ``prefetch_window_bytes``). Close it (or use ``with``) when done reading.
-        """
+        """Prefetch along a read order (paths, or a prefix): opening object i queues i+1..i+k."""
         count = self.config.readahead if k is None else k
         return ReadAhead(self._runtime.prefetch, expand(self, order), count, window_bytes, priority)
 

@@ -234,3 +234,44 @@ def test_a_read_racing_a_prefetch_joins_its_fetch(tmp_path: Path) -> None:
     stats = fs.stats()
     assert stats["fetches_joined"] == 1 and stats["prefetch_used"] == 1
     assert stats["reader_wait_seconds"] > 0
+
+
+def test_one_order_over_two_epochs_keeps_reading_ahead(tmp_path: Path) -> None:
+    store = GatedStore()
+    blobs = _put(store, "d", 12, 100 * KiB)
+    paths = list(blobs)
+    second = paths[::-1]
+    fs = _fs(tmp_path, store, local_max_bytes=600 * KiB, prefetch_window_bytes=300 * KiB)
+    with fs.read_ahead(paths + second, k=2) as order:
+        for path in order.paths:
+            assert fs.cat_file(path) == blobs[path]
+            time.sleep(0.01)
+        queued = order.handle.progress().objects_total
+    stats = fs.stats()
+    assert queued == 24  # read-ahead went on through the second epoch
+    assert max(store.gets.count(p[2:]) for p in paths) <= 2  # at most once per epoch
+    assert stats["prefetch_wasted"] == 0
+    assert stats["hits"] >= 20  # nearly every open found its object in the tier
+
+
+def test_a_forked_child_drops_the_parents_pins(tmp_path: Path) -> None:
+    store = GatedStore()
+    blobs = _put(store, "d", 2, 100 * KiB)
+    fs = _fs(tmp_path, store)
+    handle = fs.prefetch("b/d")
+    assert handle.wait(20)
+    engine = fs._runtime.prefetch
+    assert engine.pinned_bytes() == 200 * KiB
+    pid = os.fork()
+    if pid == 0:  # the child: no pins, and prefetch works
+        code = 1
+        try:
+            again = fs.prefetch("b/d")
+            if engine.pinned_bytes() in (0, 200 * KiB) and again.wait(20):
+                code = 0 if again.progress().cached == 2 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    fs.evict(0)  # the parent's pins still hold
+    assert all(fs.is_cached(p) for p in blobs)

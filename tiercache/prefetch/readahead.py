@@ -16,9 +16,10 @@ class ReadAhead:
 
     The first ``k`` objects are queued at once; each open of an object of the order queues
     the ``k`` after it. An object may appear more than once (several epochs in one order):
-    an open counts as its next occurrence after the reader's position. The engine's window (and ``window_bytes``, if given, for this order
-    alone) bounds the bytes held ahead of the reader: past it the next object waits until
-    the reader opens one. ``close()`` (or leaving the ``with`` block) releases what is left.
+    an open counts as its next occurrence after the reader's position. The engine's window
+    (and ``window_bytes``, if given, for this order alone) bounds the bytes held ahead of the
+    reader: past it the next object waits until the reader opens one. ``close()`` (or
+    leaving the ``with`` block) releases what is left.
     """
 
     def __init__(
