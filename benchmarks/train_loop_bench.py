@@ -226,7 +226,6 @@ def over_budget_run(client: Any, endpoint: Endpoint, args: argparse.Namespace, t
             row["gets"] = gets
             row["mib_fetched"] = round((after["bytes_fetched"] - before["bytes_fetched"]) / MiB, 1)
             row["prefetch_wasted"] = after["prefetch_wasted"] - before["prefetch_wasted"]
-            row["peak_note"] = f"budget {budget / MiB:.0f} MiB"
             rows.append(row)
     delete_bucket(client, bucket, [s.key for s in shards])
     return {"budget_mib": round(budget / MiB, 1), "shards": args.over_shards, "epochs": rows}
