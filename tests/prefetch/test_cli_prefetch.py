@@ -134,3 +134,16 @@ def test_progress_bar_on_a_terminal_and_ctrl_c_cancels(
         os.close(leader)
     assert code == 130
     assert b"interrupted" in seen and b"Traceback" not in seen
+
+
+def test_bad_tier_and_jobs_are_refused_without_a_traceback(
+    s3: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tiercache.cli import main
+
+    for name, value in _env(s3, tmp_path).items():
+        monkeypatch.setenv(name, value)
+    assert main(["prefetch", "s3://bucket/x", "--tier", "shared"]) == 1
+    assert "no shared tier configured" in capsys.readouterr().err
+    assert main(["prefetch", "s3://bucket/x", "--jobs", "0"]) == 1
+    assert "prefetch_workers must be between 1 and 64" in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from tiercache.errors import ConfigError
 from tiercache.prefetch.engine import Target
 
 TIERS = ("local", "shared")
@@ -31,11 +32,14 @@ class Lister(Protocol):
 
 
 def check_tier(tier: str, shared_available: bool = False) -> None:
-    """Refuse a tier this cache cannot fill (``shared`` needs a configured shared tier)."""
+    """Refuse a tier this cache cannot fill (``shared`` needs a configured shared tier).
+
+    ``ConfigError`` is a ``ValueError``; the command line reports it without a traceback.
+    """
     if tier not in TIERS:
-        raise ValueError(f"tier must be one of {', '.join(TIERS)}, got {tier!r}")
+        raise ConfigError(f"tier must be one of {', '.join(TIERS)}, got {tier!r}")
     if tier == "shared" and not shared_available:
-        raise ValueError("tier='shared': this cache has no shared tier configured; use 'local'")
+        raise ConfigError("tier='shared': this cache has no shared tier configured; use 'local'")
 
 
 def expand(fs: Lister, paths: str | Sequence[str]) -> list[Target]:
