@@ -166,7 +166,8 @@ class PrefetchEngine:
             for item in list(self._items.values()):
                 if handle not in item.handles:
                     continue
-                item.handles.remove(handle)
+                # All of them: an order that repeats an object may hold it twice.
+                item.handles = [h for h in item.handles if h is not handle]
                 if item.handles:
                     continue
                 if item.state == "queued":
