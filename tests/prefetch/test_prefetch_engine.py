@@ -275,3 +275,20 @@ def test_a_forked_child_drops_the_parents_pins(tmp_path: Path) -> None:
     assert os.waitstatus_to_exitcode(status) == 0
     fs.evict(0)  # the parent's pins still hold
     assert all(fs.is_cached(p) for p in blobs)
+
+
+def test_prefetch_options_from_keywords_and_environment() -> None:
+    from tiercache import TierCacheConfig
+
+    env = {
+        "TIERCACHE_PREFETCH_WORKERS": "2",
+        "TIERCACHE_READAHEAD": "8",
+        "TIERCACHE_PREFETCH_WINDOW_BYTES": "64MiB",
+    }
+    config = TierCacheConfig.from_options({}, environ=env)
+    assert (config.prefetch_workers, config.readahead) == (2, 8)
+    assert config.prefetch_window == 64 * 1024 * KiB
+    defaults = TierCacheConfig.from_options({"local_max_bytes": "1GiB"}, environ={})
+    assert defaults.prefetch_window == 512 * 1024 * KiB  # half the local budget
+    with pytest.raises(ConfigError, match="TIERCACHE_READAHEAD must be an integer"):
+        TierCacheConfig.from_options({}, environ={"TIERCACHE_READAHEAD": "many"})
