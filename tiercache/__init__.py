@@ -14,6 +14,7 @@ from tiercache.errors import (
     TierFullError,
 )
 from tiercache.filesystem import TierCacheFileSystem
+from tiercache.prefetch import PrefetchHandle, PrefetchProgress, ReadAhead
 from tiercache.store import MemoryStore, ObjectInfo, ObjectStore, S3Options, S3Store
 
 __version__ = "0.1.0"
@@ -28,6 +29,9 @@ __all__ = [
     "ObjectInfo",
     "ObjectNotFoundError",
     "ObjectStore",
+    "PrefetchHandle",
+    "PrefetchProgress",
+    "ReadAhead",
     "S3Options",
     "S3Store",
     "StoreError",

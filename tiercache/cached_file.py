@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,7 @@ class CachedFile(SeekableReader):
         on_read: Callable[[int], None],
         details: dict[str, Any] | None = None,
         on_tier_full: Callable[[OSError], io.RawIOBase | None] | None = None,
+        on_wait: Callable[[float], None] | None = None,
     ) -> None:
         super().__init__()
         self.path = path
@@ -41,6 +43,7 @@ class CachedFile(SeekableReader):
         self._details = details or {}
         self._on_tier_full = on_tier_full
         self._direct: io.RawIOBase | None = None  # the store, once the tier filled up
+        self._on_wait = on_wait  # seconds a read blocked on bytes still being fetched
 
     def __repr__(self) -> str:
         return f"<CachedFile {self.path!r} size={self.size} pos={self._pos}>"
@@ -62,6 +65,7 @@ class CachedFile(SeekableReader):
         count = max(0, min(count, self.size - start))
         fetch = self._fetch
         if fetch is not None and count:
+            waited_from = time.monotonic()
             try:
                 fetch.wait_range(start, start + count)
             except OSError as exc:
@@ -70,6 +74,8 @@ class CachedFile(SeekableReader):
                     raise
                 self._fetch = None
                 return count
+            if self._on_wait is not None:
+                self._on_wait(time.monotonic() - waited_from)
             if fetch.finished:
                 self._fetch = None
         return count

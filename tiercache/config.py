@@ -121,6 +121,11 @@ class TierCacheConfig:
         whole_object_after: fraction of a block-granular object's blocks read after which
             the rest is fetched in the background (1.0: only what is read).
         readahead_blocks: blocks fetched ahead of a sequential reader of a block entry.
+        prefetch_workers: objects one process prefetches at once (its prefetch worker pool).
+        readahead: objects after the one being opened that a read-ahead order prefetches (k).
+        prefetch_window_bytes: bytes one process may hold prefetched and not yet read, in
+            flight included (protected from eviction until read); the next object is fetched
+            only when it fits (default: half of ``local_max_bytes``).
     """
 
     local_dir: str = dataclasses.field(default_factory=default_local_dir)
@@ -156,6 +161,9 @@ class TierCacheConfig:
     block_size: int = 4 * MiB
     whole_object_after: float = 0.5
     readahead_blocks: int = 4
+    prefetch_workers: int = 4
+    readahead: int = 4
+    prefetch_window_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.local_dir, str) or not self.local_dir:
@@ -190,6 +198,7 @@ class TierCacheConfig:
         if self.verify not in get_args(Verify):
             raise ConfigError(f"verify must be reboot or always, got {self.verify!r}")
         self._check_shared()
+        self._check_prefetch()
 
     def _check_shared(self) -> None:
         if self.shared_dir is not None and (
@@ -226,10 +235,26 @@ class TierCacheConfig:
             )
         _require_int("readahead_blocks", self.readahead_blocks, minimum=0, maximum=256)
 
+    def _check_prefetch(self) -> None:
+        _require_int("prefetch_workers", self.prefetch_workers, minimum=1, maximum=64)
+        _require_int("readahead", self.readahead, minimum=0, maximum=10000)
+        if self.prefetch_window_bytes is not None:
+            _require_int(
+                "prefetch_window_bytes",
+                self.prefetch_window_bytes,
+                minimum=1,
+                maximum=self.local_max_bytes,
+            )
+
     @property
     def dirty_budget(self) -> int:
         """The back-pressure threshold in bytes."""
         return self.dirty_max_bytes or max(1, self.local_max_bytes // 2)
+
+    @property
+    def prefetch_window(self) -> int:
+        """Bytes prefetched and not yet read that one process may hold."""
+        return self.prefetch_window_bytes or max(1, self.local_max_bytes // 2)
 
     @property
     def dir_mode(self) -> int:
@@ -298,6 +323,10 @@ _INT_FIELDS = {
     "keep_checkpoints",
     "readahead_blocks",
 }
+_SIZE_FIELDS = {"local_max_bytes", "part_size", "dirty_max_bytes"}
+_INT_FIELDS = {"fetch_concurrency", "retries", "upload_workers", "keep_checkpoints"}
+_SIZE_FIELDS |= {"prefetch_window_bytes"}
+_INT_FIELDS |= {"prefetch_workers", "readahead"}
 _FLOAT_FIELDS = {
     "ttl",
     "lock_timeout",

@@ -223,6 +223,10 @@ class Fetch:
             meta = EntryMeta.for_object(
                 info, req.source, req.namespace, self._hasher.hexdigest(), asked_at
             )
+            # Published bytes count in the tier's usage: still reserved, they would count twice
+            # and a concurrent fetch would evict an entry too many to make room.
+            self._tier.release(self._reserved)
+            self._reserved = 0
             entry = self._tier.publish(paths, self._fd, meta)
         except BaseException:
             with contextlib.suppress(OSError):  # never mask the error being raised

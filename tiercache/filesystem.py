@@ -13,7 +13,7 @@ import os
 import shutil
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from fsspec.utils import stringify_path
@@ -23,6 +23,8 @@ from tiercache.cached_file import CachedFile
 from tiercache.config import TierCacheConfig
 from tiercache.direct_file import DirectFile
 from tiercache.errors import ConfigError, ObjectNotFoundError, TierFullError
+from tiercache.prefetch import Budget, PrefetchHandle, ReadAhead
+from tiercache.prefetch.targets import check_tier, expand
 from tiercache.read_path import source_url
 from tiercache.runtime import runtime_for
 from tiercache.staged_write import Committer, StagedWriteFile
@@ -129,7 +131,12 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
             raise IsADirectoryError(21, "a bucket is not a file", path)
         if mode == "rb":
             try:
-                opened = self.read_path.open(bucket, key)
+                with self._runtime.prefetch.reading(bucket, key):
+                    started = time.monotonic()
+                    joined = self.read_path.in_flight(bucket, key) is not None
+                    opened = self.read_path.open(bucket, key)
+                    if joined or opened.fetch is not None:  # open waited for a fetch
+                        self._count_wait(time.monotonic() - started)
             except TierFullError:
                 return self._direct_file(bucket, key)
 
@@ -147,7 +154,13 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
                     self._count_read,
                     verify=self.config.verify == "always",
                 )
-            return CachedFile(f"{bucket}/{key}", opened, self._count_read, on_tier_full=fall_back)
+            return CachedFile(
+                f"{bucket}/{key}",
+                opened,
+                self._count_read,
+                on_tier_full=fall_back,
+                on_wait=self._count_wait,
+            )
         if mode in ("wb", "xb"):
             if mode == "xb" and self.exists(path):
                 raise FileExistsError(17, "object exists", path)
@@ -189,6 +202,9 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
 
     def _count_read(self, nbytes: int) -> None:
         self._stats.add("bytes_read", nbytes)
+
+    def _count_wait(self, seconds: float) -> None:
+        self._stats.add_time("reader_wait_seconds", seconds)
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         bucket, key = self.split_path(path)
@@ -504,8 +520,45 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
             return self._runtime.shared
         raise ValueError(f"tier must be local or shared, got {name!r}")
 
+    # -- prefetch (tiercache/prefetch/) ------------------------------------------------------
+
+    def prefetch(
+        self, paths: str | Sequence[str], priority: int = 0, tier: str = "local", pin: bool = True
+    ) -> PrefetchHandle:
+        """Bring objects (one, a prefix, a glob or a list) into the cache; returns a handle.
+
+        Higher ``priority`` goes first. With ``pin`` an object stays protected from eviction
+        until a reader opens it, within ``prefetch_window_bytes`` (past it the next object
+        waits for a reader); ``pin=False`` fills the tier's budget and skips the rest.
+        ``tier="shared"`` fills the shared tier (for the other hosts) up to its budget.
+        """
+        shared = self._runtime.shared
+        check_tier(tier, shared_available=shared is not None)
+        engine = self._runtime.prefetch
+        handle = PrefetchHandle(engine.cancel)
+        if tier == "shared" and shared is not None:
+            # For the other hosts: nothing here will read it, so nothing to pin locally.
+            budget = Budget(shared.max_bytes, sticky=True)
+            engine.submit(expand(self, paths), handle, priority, False, (budget,), local=False)
+            return handle
+        budgets = () if pin else (Budget(self.config.local_max_bytes, sticky=True),)
+        engine.submit(expand(self, paths), handle, priority, pin, budgets)
+        return handle
+
+    def read_ahead(
+        self,
+        order: str | Sequence[str],
+        k: int | None = None,
+        window_bytes: int | None = None,
+        priority: int = 0,
+    ) -> ReadAhead:
+        """Prefetch along a read order (paths, or a prefix): opening object i queues i+1..i+k."""
+        count = self.config.readahead if k is None else k
+        return ReadAhead(self._runtime.prefetch, expand(self, order), count, window_bytes, priority)
+
     def stats(self) -> dict[str, Any]:
         """Counters of this process: cache hits/misses/bytes, store requests, tier usage."""
+        self._runtime.prefetch.sweep()
         out: dict[str, Any] = {
             **self._stats.snapshot(),
             "store_requests": self.store.request_counts(),

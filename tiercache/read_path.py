@@ -139,24 +139,26 @@ class ReadPath:
         )
         return OpenedObject(-1, info.size, info.etag, None, blocks=entry)
 
-    def warm(self, bucket: str, key: str) -> Fetch | None:
+    def warm(self, bucket: str, key: str, local: bool = True) -> Fetch | None:
         """Bring an object into the tiers without reading it (prefetch).
 
         Returns None when a valid entry is already in the local tier (or in the shared tier,
         promoted from there per ``shared_policy``), else the fetch that brings it: the one
-        already running in this process for the object (joined), or a new one.
+        already running in this process for the object (joined), or a new one. With
+        ``local=False`` only the shared tier is filled (the object is not copied locally).
         """
-        if self._usable(self._tier, bucket, key) is not None:
+        if local and self._usable(self._tier, bucket, key) is not None:
             return None
         if self._shared is not None:
             entry = self._usable(self._shared, bucket, key)
             if entry is not None:
-                self._authorize(entry, bucket, key)
-                if self._config.shared_policy == "promote":
-                    with contextlib.suppress(OSError, CacheTimeoutError):
-                        self._promote(entry)
+                if local:
+                    self._authorize(entry, bucket, key)
+                    if self._config.shared_policy == "promote":
+                        with contextlib.suppress(OSError, CacheTimeoutError):
+                            self._promote(entry)
                 return None
-        return self._join_or_start(bucket, key)
+        return self._join_or_start(bucket, key, promote=local)
 
     def _usable(self, tier: LocalTier, bucket: str, key: str) -> CachedEntry | None:
         """The tier's entry of the object, checked (digest, per ``verify``) and validated."""
@@ -223,6 +225,27 @@ class ReadPath:
             self._drop(self._fill_tier, entry)
             raise
         self._authorized[entry.entry_id] = time.time()
+
+    def in_flight(self, bucket: str, key: str) -> Fetch | None:
+        """The fetch of this object running in this process, if any (prefetch reports joins)."""
+        with self._flights_lock:
+            fetch = self._flights.get(self.entry_id(bucket, key))
+        return fetch if fetch is not None and not fetch.finished else None
+
+    def hold(self, fetch: Fetch) -> int:
+        """A descriptor with a shared lock on the bytes ``fetch`` brings, taken on the part file
+        (which becomes the data file) so that eviction leaves the entry from the moment it is
+        published; the prefetcher holds one until a reader opens the object."""
+        fetch.wait_started()
+        if fetch.info is not None:
+            try:
+                fd = os.open(fetch.part_path(), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except FileNotFoundError:
+                pass  # published already: hold the data file
+            else:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                return fd
+        return self._tier.open_data(fetch.wait_finished())
 
     def wait_idle(self) -> None:
         """Wait until every fetch this process started has published (or failed)."""
@@ -327,7 +350,9 @@ class ReadPath:
         fd = self._fill_tier.open_data(entry)
         return OpenedObject(fd, entry.meta.size, entry.meta.etag, None)
 
-    def _join_or_start(self, bucket: str, key: str, by_blocks: bool = False) -> Fetch:
+    def _join_or_start(
+        self, bucket: str, key: str, by_blocks: bool = False, promote: bool = True
+    ) -> Fetch:
         """Join this process's fetch of the object, or start one.
 
         ``by_blocks``: a reader asks, so a huge object stops the fetch at its first response
@@ -350,7 +375,7 @@ class ReadPath:
                 concurrency=self._config.fetch_concurrency,
                 lock_timeout=self._config.lock_timeout,
                 accept_existing=self._acceptor(time.time()),
-                after_publish=self._promoter(),
+                after_publish=self._promoter() if promote else None,
                 block_threshold=self._config.block_threshold if by_blocks else None,
             )
             fetch = Fetch(

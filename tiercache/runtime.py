@@ -16,6 +16,7 @@ from typing import Any
 from tiercache.checkpoints import CheckpointRegistry
 from tiercache.config import TierCacheConfig
 from tiercache.journal import Journal
+from tiercache.prefetch.engine import PrefetchEngine
 from tiercache.read_path import ReadPath
 from tiercache.stats import Stats
 from tiercache.store.base import ObjectStore
@@ -43,6 +44,7 @@ class CacheRuntime:
     uploader: Uploader
     write_behind: WriteBehind
     write_through: WriteThrough
+    prefetch: PrefetchEngine
 
 
 # Weak: a runtime lives as long as some filesystem instance uses it.
@@ -85,17 +87,19 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
     uploader = Uploader(config, tier, journal, store, stats, checkpoints)
     if journal.records(store.namespace):
         uploader.start()  # finish what a crashed or exited process left in the journal
+    read_path = ReadPath(config, tier, store, stats, shared)
     return CacheRuntime(
         config=config,
         store=store,
         tier=tier,
         shared=shared,
-        read_path=ReadPath(config, tier, store, stats, shared),
+        read_path=read_path,
         stats=stats,
         journal=journal,
         uploader=uploader,
         write_behind=WriteBehind(config, tier, journal, uploader, stats, store.namespace),
         write_through=WriteThrough(store, tier, stats, config.lock_timeout),
+        prefetch=PrefetchEngine(config, read_path, tier, store, stats),
     )
 
 

@@ -30,7 +30,15 @@ COUNTERS = (
     "uploads",
     "evictions",
     "bytes_evicted",
+    "prefetched",
+    "prefetched_bytes",
+    "prefetch_used",
+    "prefetch_used_bytes",
+    "prefetch_wasted",
+    "prefetch_wasted_bytes",
 )
+# Accumulated seconds reported even when still zero.
+TIMES = ("reader_wait_seconds",)
 
 
 class Stats:
@@ -59,6 +67,7 @@ class Stats:
         """All counters (zeros included) and accumulated seconds, as a flat dict."""
         with self._lock:
             out: dict[str, float] = {name: self._counts.get(name, 0) for name in COUNTERS}
+            out.update(dict.fromkeys(TIMES, 0.0))
             out.update(self._counts)
             out.update(self._times)
         return out

@@ -253,3 +253,16 @@ def test_a_write_drops_the_shared_copy_of_the_old_bytes(tmp_path: Path) -> None:
     assert not fs.is_cached(path, tier="shared")
     fs.evict(0)  # even with the local copy gone, the old bytes are not served
     assert fs.cat_file(path) == b"rewritten"
+
+
+def test_prefetch_into_the_shared_tier_fills_it_for_the_other_hosts(tmp_path: Path) -> None:
+    store, blobs = _store(3)
+    fs = _host(tmp_path, store, "h1")
+    handle = fs.prefetch(list(blobs), tier="shared")
+    assert handle.wait(timeout=30)
+    assert all(fs.is_cached(p, tier="shared") for p in blobs)
+    assert not any(fs.is_cached(p, tier="local") for p in blobs)  # not copied here
+    other = _host(tmp_path, store, "h2")
+    gets = _gets(store)
+    assert [other.cat_file(p) for p in blobs] == list(blobs.values())
+    assert _gets(store) == gets

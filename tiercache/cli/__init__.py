@@ -6,15 +6,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from tiercache.cli import flush, status
+from tiercache.cli import flush, prefetch, status
 from tiercache.cli.common import Command
 from tiercache.errors import TierCacheError
 
 # Each command module offers ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args)``.
-COMMANDS: tuple[Command, ...] = (status, flush)
+COMMANDS: tuple[Command, ...] = (status, flush, prefetch)
 
 _DESCRIPTION = """\
-Operate a tiercache cache: see what it holds, finish its uploads.
+Operate a tiercache cache: see what it holds, fill it ahead of a job, finish its uploads.
 
 Options not given as flags come from TIERCACHE_* environment variables; the store's
 endpoint and credentials from boto3's own configuration (AWS_ENDPOINT_URL,

@@ -49,12 +49,12 @@ def config_from_args(args: argparse.Namespace) -> TierCacheConfig:
     return TierCacheConfig.from_options(tier_options(args))
 
 
-def filesystem_from_args(args: argparse.Namespace) -> TierCacheFileSystem:
-    """A filesystem over the store and tiers the flags name."""
+def filesystem_from_args(args: argparse.Namespace, **extra: Any) -> TierCacheFileSystem:
+    """A filesystem over the store and tiers the flags name (``extra``: more options)."""
     endpoint = getattr(args, "endpoint_url", None)
     target = {"endpoint_url": endpoint} if endpoint else {}
     return TierCacheFileSystem(
-        target_options=target, skip_instance_cache=True, **tier_options(args)
+        target_options=target, skip_instance_cache=True, **tier_options(args), **extra
     )
 
 

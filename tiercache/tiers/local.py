@@ -288,7 +288,13 @@ class LocalTier:
             reserved = self._reserved
         free_short = self.free_shortfall(nbytes)
         if self.usage() + reserved > self.max_bytes * self.high_watermark or free_short:
-            self.evict(int(self.max_bytes * self.low_watermark) - reserved, free_needed=free_short)
+            # Part files of this process's fetches are in ``reserved`` already: counting them
+            # again made concurrent fetches evict up to their own size twice over.
+            self.evict(
+                int(self.max_bytes * self.low_watermark) - reserved,
+                free_needed=free_short,
+                count_parts=False,
+            )
 
     def free_shortfall(self, nbytes: int) -> int:
         """Bytes to free so that writing ``nbytes`` leaves ``min_free_bytes`` free on disk."""
@@ -303,7 +309,11 @@ class LocalTier:
             self._reserved -= nbytes
 
     def evict(
-        self, target_bytes: int, dry_run: bool = False, free_needed: int = 0
+        self,
+        target_bytes: int,
+        dry_run: bool = False,
+        free_needed: int = 0,
+        count_parts: bool = True,
     ) -> EvictionReport:
         """Remove least-recently-used clean entries until usage is at most ``target_bytes``
         (and at least ``free_needed`` bytes were freed).
@@ -311,7 +321,7 @@ class LocalTier:
         Entries that are pinned, open (a reader's shared lock), being fetched or published
         (the entry lock), dirty, or chosen by ``keep`` (the newest checkpoints) are kept.
         """
-        rows = sorted(self._scan(), key=lambda r: r.last_access)
+        rows = sorted(self._scan(count_parts), key=lambda r: r.last_access)
         usage = sum(r.size for r in rows)
         report = EvictionReport()
         for row in rows:
@@ -382,7 +392,7 @@ class LocalTier:
     def is_pinned(self, entry_id: str) -> bool:
         return os.path.exists(pin_path(self.paths(entry_id)))
 
-    def _scan(self) -> list[_ScanRow]:
+    def _scan(self, count_parts: bool = True) -> list[_ScanRow]:
         """One row per entry: data bytes (plus any part file) and last access."""
         rows: dict[str, list[float]] = {}
         pinned: set[str] = set()
@@ -400,6 +410,8 @@ class LocalTier:
                     pinned.add(name)
                     continue
                 if kind not in _SCANNED or kind not in ("part", suffix):
+                    continue
+                if kind == "part" and not count_parts:
                     continue
                 try:
                     st = item.stat(follow_symlinks=False)

@@ -1,0 +1,428 @@
+"""``PrefetchEngine``: a bounded worker pool fetching objects ahead of readers, in priority order.
+
+One engine per runtime (process and configuration). Requests are split into items, one per
+object; an object asked for twice is one item. Items leave a priority queue strictly in
+order (higher priority first, then first asked first), and only when their bytes fit the
+window: a later object never takes the room an earlier one needs, so prefetch never evicts
+what will be read sooner than what it brings. A prefetched object stays *pinned* until a
+reader opens it: the engine holds a shared ``flock`` on its data file, exactly as an open
+reader does, so eviction in any process on the node leaves it alone. Pins count against the
+window (``prefetch_window_bytes``), which bounds what prefetch protects. Fetching goes
+through ``ReadPath.warm``: a read of an object being prefetched joins the same fetch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tiercache import forksafe
+from tiercache.config import TierCacheConfig
+from tiercache.prefetch.handle import (
+    CACHED,
+    FAILED,
+    FETCHED,
+    READ_FIRST,
+    SKIPPED,
+    PrefetchHandle,
+)
+from tiercache.read_path import ReadPath
+from tiercache.stats import Stats
+from tiercache.store.base import ObjectStore
+from tiercache.tiers.local import LocalTier
+
+# A worker with nothing to do for this long exits (a new request starts it again), so an
+# unused filesystem leaves no threads behind.
+_IDLE_EXIT_SECONDS = 5.0
+# Prefetched objects released unread (cancel, close) are remembered, up to this many, to
+# count the ones evicted before a reader came (``prefetch_wasted``).
+_UNUSED_RECORDS = 4096
+
+Target = tuple[str, str, "int | None"]  # bucket, key, size if known
+
+
+class OrderListener(Protocol):
+    """A read-ahead order, told when a reader opens one of its objects."""
+
+    def opened(self, path: str) -> None: ...
+
+
+@dataclass
+class Budget:
+    """Bytes a set of items may hold at once. A sticky budget is never given back: items that
+    do not fit are skipped instead of waiting (a request with no reader to free room)."""
+
+    limit: int
+    used: int = 0
+    sticky: bool = False
+
+    def fits(self, nbytes: int) -> bool:
+        return self.used + nbytes <= self.limit
+
+
+@dataclass(eq=False)
+class _Item:
+    bucket: str
+    key: str
+    size: int | None
+    pin: bool
+    budgets: tuple[Budget, ...]
+    rank: tuple[int, int]  # (-priority, arrival): the queue's order
+    handles: list[PrefetchHandle] = field(default_factory=list)
+    state: str = "queued"  # queued → (resolving → queued) → running → pinned → gone
+    read: bool = False  # a reader opened it while it was being fetched
+    brought: bool = False  # its bytes came from the store through this item's fetch
+    charged: int = 0
+    pin_fd: int = -1
+    local: bool = True  # False: fill the shared tier only (no copy into the local one)
+
+    @property
+    def path(self) -> str:
+        return f"{self.bucket}/{self.key}"
+
+
+class PrefetchEngine:
+    """Fetches objects into the local tier ahead of their readers."""
+
+    def __init__(
+        self,
+        config: TierCacheConfig,
+        read_path: ReadPath,
+        tier: LocalTier,
+        store: ObjectStore,
+        stats: Stats,
+    ) -> None:
+        self._workers = config.prefetch_workers
+        self._read_path = read_path
+        self._tier = tier
+        self._store = store
+        self._stats = stats
+        self.window = Budget(config.prefetch_window)
+        self._reset()
+        forksafe.register(self)
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition()
+        # (-priority, arrival, push count, item): the push count keeps items uncompared.
+        self._heap: list[tuple[int, int, int, _Item]] = []
+        self._seq = itertools.count()
+        self._items: dict[str, _Item] = {}
+        self._listeners: dict[str, OrderListener] = {}  # path -> read-ahead order that contains it
+        self._unused: OrderedDict[str, tuple[str, str, int]] = OrderedDict()
+        self._running_threads = 0
+        self.window.used = 0
+
+    def after_fork(self) -> None:
+        """The child shares the parent's pin descriptors (and so their locks): drop them."""
+        for item in list(self._items.values()):
+            if item.pin_fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(item.pin_fd)
+        self._reset()
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def submit(
+        self,
+        targets: Sequence[Target],
+        handle: PrefetchHandle,
+        priority: int = 0,
+        pin: bool = True,
+        budgets: Sequence[Budget] = (),
+        local: bool = True,
+    ) -> None:
+        """Queue objects for ``handle``; the window (and any ``budgets``) bound them.
+
+        ``local=False`` fills the shared tier only."""
+        all_budgets = (self.window, *budgets)
+        with self._cond:
+            for bucket, key, size in targets:
+                handle.add(1, size or 0)
+                path = f"{bucket}/{key}"
+                item = self._items.get(path)
+                if item is not None and item.state == "pinned":
+                    handle.finish(path, CACHED, item.size or 0)
+                    continue
+                rank = (-priority, next(self._seq))
+                if item is None:
+                    item = _Item(bucket, key, size, pin, all_budgets, rank, local=local)
+                    self._items[path] = item
+                elif rank < item.rank:
+                    item.rank = rank
+                item.handles.append(handle)
+                if item.state == "queued":
+                    # A duplicate heap entry is harmless: the first popped moves the item on.
+                    heapq.heappush(self._heap, (*item.rank, next(self._seq), item))
+            self._start_workers()
+            self._cond.notify_all()
+
+    def cancel(self, handle: PrefetchHandle) -> None:
+        """Drop ``handle``'s queued objects and unpin the ones only it wanted."""
+        to_close: list[_Item] = []
+        with self._cond:
+            for item in list(self._items.values()):
+                if handle not in item.handles:
+                    continue
+                # All of them: an order that repeats an object may hold it twice.
+                item.handles = [h for h in item.handles if h is not handle]
+                if item.handles:
+                    continue
+                if item.state == "queued":
+                    self._drop(item)
+                elif item.state == "pinned":
+                    self._drop(item)
+                    to_close.append(item)
+                    if item.brought:
+                        self._remember_unused(item)
+                # A running item ends on its own; with no handle left it is not pinned.
+            self._cond.notify_all()
+        for item in to_close:
+            _close(item)
+
+    def listen(self, paths: Sequence[str], order: OrderListener) -> None:
+        """Tell ``order`` (its ``opened(path)``) when a reader opens one of ``paths``."""
+        with self._cond:
+            for path in paths:
+                self._listeners[path] = order
+
+    def unlisten(self, paths: Sequence[str], order: OrderListener) -> None:
+        with self._cond:
+            for path in paths:
+                if self._listeners.get(path) is order:
+                    del self._listeners[path]
+
+    # -- the reader's side -------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def reading(self, bucket: str, key: str) -> Iterator[None]:
+        """Wrap a reader's open: count prefetch use, unpin after the reader holds its own lock,
+        and let a read-ahead order schedule what comes next."""
+        path = f"{bucket}/{key}"
+        release: _Item | None = None
+        with self._cond:
+            item = self._items.get(path)
+            if item is not None:
+                if item.state == "queued":
+                    self._drop(item, READ_FIRST)
+                elif item.state in ("resolving", "running"):
+                    item.read = True
+                elif item.state == "pinned":
+                    release = item
+                    self._drop(item)
+                    if item.brought:
+                        self._count_used(item.size or 0)
+                    self._cond.notify_all()  # room in the window: the next object may go
+            unused = self._unused.pop(path, None)
+            order = self._listeners.get(path)
+        if unused is not None:
+            self._settle_unused(*unused)
+        if order is not None:
+            order.opened(path)
+        try:
+            yield
+        finally:
+            if release is not None:
+                _close(release)
+
+    # -- metrics -----------------------------------------------------------------------------
+
+    def sweep(self) -> None:
+        """Count remembered prefetched-unread objects that were evicted (wasted)."""
+        with self._cond:
+            records = list(self._unused.items())
+        for path, (bucket, key, size) in records:
+            if not self._is_cached(bucket, key):
+                with self._cond:
+                    if self._unused.pop(path, None) is None:
+                        continue
+                self._stats.add("prefetch_wasted")
+                self._stats.add("prefetch_wasted_bytes", size)
+
+    def pinned_bytes(self) -> int:
+        """Bytes the window holds now (pinned and in flight)."""
+        with self._cond:
+            return self.window.used
+
+    # -- workers -----------------------------------------------------------------------------
+
+    def _start_workers(self) -> None:
+        while self._running_threads < self._workers:
+            self._running_threads += 1
+            threading.Thread(target=self._work, name="tiercache-prefetch", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                item = self._take()
+                while item is None:
+                    woken = self._cond.wait(_IDLE_EXIT_SECONDS)
+                    item = self._take()
+                    if item is None and not woken and not self._heap:
+                        self._running_threads -= 1
+                        return
+            if item.state == "resolving":
+                self._resolve(item)
+            else:
+                self._fetch(item)
+
+    def _take(self) -> _Item | None:
+        """The next item to work on, or None; strictly in queue order (hold the lock)."""
+        while self._heap:
+            item = self._heap[0][3]
+            if item.state != "queued" or self._items.get(item.path) is not item:
+                heapq.heappop(self._heap)
+                continue
+            if not item.handles:  # every request that wanted it was cancelled
+                heapq.heappop(self._heap)
+                self._drop(item)
+                continue
+            if item.size is None:
+                heapq.heappop(self._heap)
+                item.state = "resolving"
+                return item
+            if any(item.size > b.limit - (b.used if b.sticky else 0) for b in item.budgets):
+                heapq.heappop(self._heap)
+                self._drop(item, SKIPPED, "no room: larger than the prefetch window or tier")
+                continue
+            if not all(b.fits(item.size) for b in item.budgets if not b.sticky):
+                return None  # wait for readers to free room: never overtake this item
+            heapq.heappop(self._heap)
+            for budget in item.budgets:
+                budget.used += item.size
+            item.charged = item.size
+            item.state = "running"
+            return item
+        return None
+
+    def _resolve(self, item: _Item) -> None:
+        """Learn an object's size (tier metadata, else a HEAD) before it may take room."""
+        try:
+            entry = self._read_path.cached(item.bucket, item.key)
+            size = entry.meta.size if entry else self._store.head(item.bucket, item.key).size
+        except Exception as exc:
+            with self._cond:
+                self._drop(item, FAILED, exc)
+                self._cond.notify_all()
+            return
+        with self._cond:
+            item.size = size
+            for handle in item.handles:
+                handle.learn_size(size)
+            if self._items.get(item.path) is not item:
+                return  # cancelled meanwhile
+            if item.read:
+                self._drop(item, READ_FIRST)
+                return
+            item.state = "queued"
+            heapq.heappush(self._heap, (*item.rank, next(self._seq), item))  # back in its place
+            self._cond.notify_all()
+
+    def _fetch(self, item: _Item) -> None:
+        size = item.size or 0
+        outcome, error, fd = CACHED, None, -1
+        try:
+            joined = self._read_path.in_flight(item.bucket, item.key) is not None
+            fetch = self._read_path.warm(item.bucket, item.key, local=item.local)
+            if fetch is None and item.pin:
+                fd = self._pin_cached(item)
+                if fd < 0:  # evicted between the check and the pin: fetch it after all
+                    fetch = self._read_path.warm(item.bucket, item.key, local=item.local)
+            if fetch is not None:
+                if item.pin:  # before it is published: no moment where eviction may take it
+                    fd = self._read_path.hold(fetch)
+                fetch.wait_finished()
+                if not joined and fetch.info is not None:
+                    outcome = FETCHED
+        except Exception as exc:
+            outcome, error = FAILED, exc
+            if fd >= 0:
+                os.close(fd)
+                fd = -1
+        with self._cond:
+            item.brought = outcome == FETCHED
+            if outcome == FETCHED:
+                self._stats.add("prefetched")
+                self._stats.add("prefetched_bytes", size)
+            current = self._items.get(item.path) is item
+            keep = current and fd >= 0 and not item.read and bool(item.handles)
+            if item.read and item.brought:
+                self._count_used(size)
+            for handle in item.handles:
+                handle.finish(item.path, outcome, size, error)
+            if keep:
+                item.state, item.pin_fd = "pinned", fd
+            else:
+                if current:
+                    self._forget(item)
+                self._uncharge(item)
+                if item.brought and not item.read:
+                    self._remember_unused(item)
+            self._cond.notify_all()
+        if not keep and fd >= 0:
+            os.close(fd)
+
+    def _pin_cached(self, item: _Item) -> int:
+        """A shared lock on a cached entry's data, which keeps eviction off it; -1 if gone."""
+        entry = self._read_path.cached(item.bucket, item.key)
+        if entry is None:
+            return -1
+        try:
+            return self._tier.open_data(entry)
+        except OSError:
+            return -1
+
+    # -- bookkeeping (hold the lock) ---------------------------------------------------------
+
+    def _drop(self, item: _Item, outcome: str | None = None, why: object = None) -> None:
+        """Remove an item; tell its handles how it ended (if ``outcome``)."""
+        if outcome is not None:
+            error = why if isinstance(why, (BaseException, str)) else None
+            for handle in item.handles:
+                handle.finish(item.path, outcome, item.size or 0, error)
+        if item.state == "pinned":
+            self._uncharge(item)
+        self._forget(item)
+
+    def _forget(self, item: _Item) -> None:
+        if self._items.get(item.path) is item:
+            del self._items[item.path]
+        item.state = "gone"
+
+    def _uncharge(self, item: _Item) -> None:
+        for budget in item.budgets:
+            if not budget.sticky:
+                budget.used -= item.charged
+        item.charged = 0
+
+    def _count_used(self, size: int) -> None:
+        self._stats.add("prefetch_used")
+        self._stats.add("prefetch_used_bytes", size)
+
+    def _remember_unused(self, item: _Item) -> None:
+        self._unused[item.path] = (item.bucket, item.key, item.size or 0)
+        while len(self._unused) > _UNUSED_RECORDS:
+            self._unused.popitem(last=False)
+
+    def _settle_unused(self, bucket: str, key: str, size: int) -> None:
+        """A reader opened an object prefetched earlier and released unread."""
+        used = self._is_cached(bucket, key)
+        self._stats.add("prefetch_used" if used else "prefetch_wasted")
+        self._stats.add("prefetch_used_bytes" if used else "prefetch_wasted_bytes", size)
+
+    def _is_cached(self, bucket: str, key: str) -> bool:
+        entry = self._read_path.cached(bucket, key)
+        return entry is not None and self._tier.is_intact(entry)
+
+
+def _close(item: _Item) -> None:
+    fd, item.pin_fd = item.pin_fd, -1
+    if fd >= 0:
+        with contextlib.suppress(OSError):
+            os.close(fd)

@@ -1,0 +1,101 @@
+"""``ReadAhead``: a known read order; opening object i prefetches objects i+1..i+k."""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Sequence
+from types import TracebackType
+
+from tiercache.prefetch.engine import Budget, PrefetchEngine, Target
+from tiercache.prefetch.handle import PrefetchHandle
+
+
+class ReadAhead:
+    """Prefetch along an order as a reader moves through it.
+
+    The first ``k`` objects are queued at once; each open of an object of the order queues
+    the ``k`` after it. An object may appear more than once (several epochs in one order):
+    an open counts as its next occurrence after the reader's position. The engine's window
+    (and ``window_bytes``, if given, for this order alone) bounds the bytes held ahead of the
+    reader: past it the next object waits until the reader opens one. ``close()`` (or
+    leaving the ``with`` block) releases what is left.
+    """
+
+    def __init__(
+        self,
+        engine: PrefetchEngine,
+        order: Sequence[Target],
+        k: int,
+        window_bytes: int | None = None,
+        priority: int = 0,
+    ) -> None:
+        self._engine = engine
+        self._order = list(order)
+        self._paths = [f"{b}/{key}" for b, key, _ in self._order]
+        self._positions: dict[str, list[int]] = {}
+        for i, path in enumerate(self._paths):
+            self._positions.setdefault(path, []).append(i)
+        self._cursor = -1  # the reader's position: the last object of the order it opened
+        self.k = k
+        self._priority = priority
+        self._budgets = (Budget(window_bytes),) if window_bytes else ()
+        self._lock = threading.Lock()
+        self._scheduled = 0  # objects before this one are queued, done or passed by
+        self.handle = PrefetchHandle(engine.cancel, sealed=False)
+        self._closed = False
+        engine.listen(list(self._positions), self)
+        self._schedule(0, min(k, len(self._order)))
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __enter__(self) -> ReadAhead:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def paths(self) -> list[str]:
+        """The order, as ``bucket/key`` paths."""
+        return list(self._paths)
+
+    def opened(self, path: str) -> None:
+        """A reader opened ``path``: queue the ``k`` objects after it."""
+        positions = self._positions.get(path)
+        if not positions:
+            return
+        with self._lock:
+            nth = bisect.bisect_right(positions, self._cursor)
+            i = positions[min(nth, len(positions) - 1)]
+            self._cursor = max(self._cursor, i)
+        self._schedule(i + 1, min(i + 1 + self.k, len(self._order)))
+
+    def close(self) -> None:
+        """Stop prefetching for this order; what it holds unread becomes evictable."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._engine.unlisten(list(self._positions), self)
+        self.handle.cancel()
+
+    def _schedule(self, start: int, end: int) -> None:
+        """Queue objects [start, end) not queued yet (those behind the reader never are)."""
+        with self._lock:
+            start = max(start, self._scheduled)
+            if self._closed or end <= start:
+                return
+            batch = self._order[start:end]
+            self._scheduled = end
+        self._engine.submit(
+            batch, self.handle, priority=self._priority, pin=True, budgets=self._budgets
+        )
+        if end == len(self._order):
+            self.handle.seal()
