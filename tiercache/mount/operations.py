@@ -87,7 +87,9 @@ class MountOperations:
         self.observer = observer
         self.handles = HandleTable()
         self.cache = AttrCache(options.attr_ttl)
-        self._made_dirs: set[str] = set()  # mkdir'ed directories with nothing in them yet
+        # Directories made here that the store has shown no objects in (object stores have
+        # no directories: a made one lives in the mount until rmdir).
+        self._made_dirs: set[str] = set()
         self._dirs_lock = threading.Lock()
         self._uid, self._gid = os.getuid(), os.getgid()
 
@@ -109,12 +111,19 @@ class MountOperations:
         with self._dirs_lock:
             if path in self._made_dirs:
                 return DIRECTORY
+            in_made_dir = posixpath.dirname(path) in self._made_dirs
         known, attr = self.cache.get(path)
         if not known:
-            try:
-                attr = attr_from_info(self.fs.info(self._full(path)))
-            except FileNotFoundError:
+            full = self._full(path)
+            if in_made_dir and not self.fs.is_cached(full):
+                # The store held nothing under a directory this mount made (a new checkpoint
+                # directory), so a name not written here does not exist: no round trip needed.
                 attr = None
+            else:
+                try:
+                    attr = attr_from_info(self.fs.info(full))
+                except FileNotFoundError:
+                    attr = None
             self.cache.put(path, attr)
         if attr is None:
             raise FuseError(errno.ENOENT)
@@ -143,6 +152,9 @@ class MountOperations:
             rows = self.fs.ls(base, detail=True)
         except FileNotFoundError:
             rows = []  # a prefix with nothing under it yet (the mount's root, a new directory)
+        if any(not row.get("pending") for row in rows):
+            with self._dirs_lock:  # the store has objects here now: ask it from now on
+                self._made_dirs.discard(path)
         for row in rows:
             name = posixpath.basename(str(row["name"]).rstrip("/"))
             if name and str(row["name"]).rstrip("/") != base:
@@ -263,11 +275,6 @@ class MountOperations:
             return
         self.cache.forget(path)
         self.cache.put(path, Attr(False, size, time.time()))
-        with self._dirs_lock:  # a directory with a file in it exists in the store now
-            parent = posixpath.dirname(path)
-            while parent != "/" and parent in self._made_dirs:
-                self._made_dirs.discard(parent)
-                parent = posixpath.dirname(parent)
 
     # -- the namespace -----------------------------------------------------------------------
 

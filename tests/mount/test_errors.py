@@ -1,0 +1,110 @@
+"""Failures through the mount get the errno a shell user expects; bad input gets one line."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Cli, requires_fuse
+
+pytestmark = [pytest.mark.integration, requires_fuse]
+
+
+def _open_errno(path: Path, mode: str) -> int | None:
+    """The errno of opening (and, for reading, reading) ``path``; None if it worked."""
+    try:
+        with open(path, mode) as f:
+            if "r" in mode:
+                f.read()
+    except OSError as exc:
+        return exc.errno
+    return None
+
+
+def _errno_of(action: Callable[[], Any]) -> int | None:
+    try:
+        action()
+    except OSError as exc:
+        return exc.errno
+    return None
+
+
+def test_errnos_of_a_read_only_mount(
+    bucket: str, s3_client: Any, mount: Callable[..., Path]
+) -> None:
+    s3_client.put_object(Bucket=bucket, Key="d/file.txt", Body=b"contents")
+    s3_client.put_object(Bucket=bucket, Key="d/sub/inner.txt", Body=b"inner")
+    mnt = mount(f"s3://{bucket}/d", "--read-only")
+
+    assert _open_errno(mnt / "missing.txt", "rb") == errno.ENOENT
+    assert _errno_of(lambda: os.stat(mnt / "sub/missing")) == errno.ENOENT
+    assert _open_errno(mnt / "file.txt", "wb") == errno.EROFS
+    assert _open_errno(mnt / "new.txt", "wb") == errno.EROFS
+    assert _errno_of(lambda: os.unlink(mnt / "file.txt")) == errno.EROFS
+    assert _errno_of(lambda: os.mkdir(mnt / "newdir")) == errno.EROFS
+    assert _open_errno(mnt / "sub", "rb") == errno.EISDIR
+    assert _open_errno(mnt / "file.txt/x", "rb") == errno.ENOTDIR
+    assert _errno_of(lambda: os.listdir(mnt / "file.txt")) == errno.ENOTDIR
+    assert (mnt / "file.txt").read_bytes() == b"contents"  # reading still works
+
+
+def test_errnos_of_a_writable_mount(
+    bucket: str, s3_client: Any, mount: Callable[..., Path]
+) -> None:
+    s3_client.put_object(Bucket=bucket, Key="w/sub/inner.txt", Body=b"inner")
+    mnt = mount(f"s3://{bucket}/w")
+    assert _open_errno(mnt / "sub", "wb") == errno.EISDIR
+    assert _errno_of(lambda: os.rmdir(mnt / "sub")) == errno.ENOTEMPTY
+    assert _errno_of(lambda: os.unlink(mnt / "sub")) == errno.EISDIR
+    assert _errno_of(lambda: os.mkdir(mnt / "sub")) == errno.EEXIST
+    assert _open_errno(mnt / "sub/inner.txt/x", "wb") == errno.ENOTDIR
+    assert _errno_of(lambda: os.rmdir(mnt / "nothing-here")) == errno.ENOENT
+
+
+def _one_line_error(done: Any) -> str:
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return str(lines[0])
+
+
+def test_bad_mount_input_says_what_to_do(
+    bucket: str, cli: Cli, mount: Callable[..., Path], tmp_path: Path, s3: Any
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    line = _one_line_error(cli("mount", f"s3://{bucket}", str(tmp_path / "absent")))
+    assert "does not exist" in line and "mkdir" in line
+
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "somefile").write_text("x")
+    assert "not empty" in _one_line_error(cli("mount", f"s3://{bucket}", str(full)))
+
+    (tmp_path / "plain-file").write_text("x")
+    assert "not a directory" in _one_line_error(
+        cli("mount", f"s3://{bucket}", str(tmp_path / "plain-file"))
+    )
+
+    for url in ("http://example/bucket", "bucket/key", "s3://", "s3://Bad_Bucket!"):
+        assert "bad URL" in _one_line_error(cli("mount", url, str(empty)))
+
+    line = _one_line_error(cli("mount", f"s3://{bucket}-missing", str(empty)))
+    assert "does not exist" in line
+
+    no_keys = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}
+    line = _one_line_error(cli("mount", f"s3://{bucket}", str(empty), **no_keys))
+    assert "no credentials" in line and "AWS_ACCESS_KEY_ID" in line
+
+    mnt = mount(f"s3://{bucket}")
+    line = _one_line_error(cli("mount", f"s3://{bucket}", str(mnt)))
+    assert "already a mount point" in line and "tiercache unmount" in line
+
+    assert "not a tiercache mount" in _one_line_error(cli("unmount", str(empty)))
+    assert os.listdir(empty) == []
+    for done in [cli("mount", f"s3://{bucket}", str(empty), **no_keys)]:
+        assert s3.secret not in done.stdout + done.stderr
