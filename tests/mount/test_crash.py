@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import signal
@@ -88,4 +89,29 @@ def test_kill_9_with_dirty_files_loses_nothing(private: Any, tmp_path: Path) -> 
             assert body == value
     finally:
         private.resume()
+        cleanup_mount(cli, str(mnt), pid)
+
+
+def test_a_frozen_store_answers_eio_in_bounded_time(private: Any, tmp_path: Path) -> None:
+    bucket = f"tc-crash-{secrets.token_hex(5)}"
+    client = _client(private)
+    client.create_bucket(Bucket=bucket)
+    client.put_object(Bucket=bucket, Key="d/remote.bin", Body=os.urandom(MiB))
+    cli = make_cli(
+        tmp_path,
+        server_env(private.endpoint, private.access_key, private.secret_key, private.region),
+    )
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    pid = int(cli.json("mount", f"s3://{bucket}/d", str(mnt), "--read-only")["pid"])
+    try:
+        assert os.listdir(mnt) == ["remote.bin"]  # listed while the store answers
+        private.pause()
+        try:
+            with pytest.raises(OSError) as caught:
+                (mnt / "remote.bin").read_bytes()  # not cached: needs the store
+            assert caught.value.errno == errno.EIO
+        finally:
+            private.resume()
+    finally:
         cleanup_mount(cli, str(mnt), pid)

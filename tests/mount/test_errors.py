@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -108,3 +109,42 @@ def test_bad_mount_input_says_what_to_do(
     assert os.listdir(empty) == []
     for done in [cli("mount", f"s3://{bucket}", str(empty), **no_keys)]:
         assert s3.secret not in done.stdout + done.stderr
+
+
+@pytest.fixture
+def small_tier(tmp_path: Path) -> Iterator[Path]:
+    """An 8 MiB tmpfs for the local tier (needs root, as CI and development machines have)."""
+    mountpoint = tmp_path / "small"
+    mountpoint.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m,mode=700", "tmpfs", str(mountpoint)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+
+
+def test_a_full_tier_answers_enospc_and_commits_nothing(
+    small_tier: Path, bucket: str, s3_client: Any, cli: Cli, mount: Callable[..., Path]
+) -> None:
+    mnt = mount(f"s3://{bucket}/full", "--local-dir", str(small_tier))
+    chunk = os.urandom(1024 * 1024)
+
+    def write_too_much() -> None:
+        with open(mnt / "too-big.bin", "wb") as f:
+            for _ in range(12):
+                f.write(chunk)
+
+    assert _errno_of(write_too_much) == errno.ENOSPC
+    with open(mnt / "small.bin", "wb") as f:  # the failed file's space was given back
+        f.write(chunk)
+    done = cli("flush", "--local-dir", str(small_tier), "--timeout", "60")
+    assert done.returncode == 0, done.stderr
+    keys = [o["Key"] for o in s3_client.list_objects_v2(Bucket=bucket).get("Contents", [])]
+    assert keys == ["full/small.bin"]
