@@ -48,6 +48,18 @@ class ReadHandle:
             data: bytes = self._file.read(size)
             return data
 
+    def read_into(self, buffer: memoryview, offset: int) -> int:
+        """Fill ``buffer`` from ``offset`` (short only at the end of the object)."""
+        with self._lock:
+            self._file.seek(offset)
+            done = 0
+            while done < len(buffer):
+                got = self._file.readinto(buffer[done:])
+                if not got:
+                    break
+                done += got
+            return done
+
     def close(self) -> None:
         self._file.close()
 
@@ -117,6 +129,10 @@ class WriteHandle:
     def read(self, size: int, offset: int) -> bytes:
         with self._lock:
             return os.pread(self._fd(), size, offset)
+
+    def read_into(self, buffer: memoryview, offset: int) -> int:
+        with self._lock:
+            return os.preadv(self._fd(), [buffer], offset)
 
     def truncate(self, length: int) -> None:
         with self._lock:

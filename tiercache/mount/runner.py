@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from tiercache.mount.binding import fuse_class
 from tiercache.mount.control import state_path
 from tiercache.mount.operations import MountOperations, MountOptions
 
@@ -68,8 +69,7 @@ def operation_options(spec: MountSpec, consistency: str) -> MountOptions:
 
 def serve(spec: MountSpec, fs: Any) -> None:
     """Mount and serve until unmounted (blocks). Raises ``RuntimeError`` if libfuse fails."""
-    import mfusepy  # noqa: PLC0415  (an optional extra: the rest of tiercache works without)
-
+    fuse = fuse_class(spec.mountpoint)
     logging.basicConfig(
         level=logging.DEBUG if spec.debug else logging.INFO,
         stream=sys.stderr,
@@ -86,7 +86,7 @@ def serve(spec: MountSpec, fs: Any) -> None:
     writer.start()
     log.info("serving %s on %s (pid %d)", spec.url, spec.mountpoint, os.getpid())
     try:
-        mfusepy.FUSE(
+        fuse(
             operations,
             spec.mountpoint,
             raw_fi=True,
