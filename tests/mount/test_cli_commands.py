@@ -150,3 +150,20 @@ def test_config_file_sits_below_environment_and_flags(cli: Cli, tmp_path: Path) 
     assert "local_dri" in bad.stderr and str(config) in bad.stderr
     missing = cli("status", "--config", str(tmp_path / "nope.toml"))
     assert missing.returncode == 1 and "does not exist" in missing.stderr
+
+
+def test_config_file_s3_table_names_the_store(
+    bucket: str, s3_client: Any, cli: Cli, tmp_path: Path, s3: Any
+) -> None:
+    s3_client.put_object(Bucket=bucket, Key="k.txt", Body=b"k")
+    config = tmp_path / "store.toml"
+    config.write_text(f'[s3]\nendpoint_url = "{s3.endpoint}"\nregion = "{s3.region}"\n')
+    env = {k: v for k, v in cli.env.items() if k != "AWS_ENDPOINT_URL"}
+    without = Cli(env, cli.local_dir)
+    # Without the file nothing names the server: boto3 would go to AWS itself.
+    listed = without("ls", f"s3://{bucket}", "--json", TIERCACHE_CONFIG=str(config))
+    assert listed.returncode == 0, listed.stderr
+    assert [e["name"] for e in json.loads(listed.stdout)] == [f"s3://{bucket}/k.txt"]
+    config.write_text('[s3]\nendpoint = "http://x"\n')
+    bad = without("ls", f"s3://{bucket}", TIERCACHE_CONFIG=str(config))
+    assert bad.returncode == 1 and "'endpoint'" in bad.stderr and str(config) in bad.stderr
