@@ -5,12 +5,16 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Cli, requires_fuse
+from conftest import Cli, cleanup_mount, requires_fuse
+
+from tiercache.mount import active_mounts
 
 pytestmark = [pytest.mark.integration, requires_fuse]
 
@@ -64,6 +68,49 @@ def test_errnos_of_a_writable_mount(
     assert _errno_of(lambda: os.mkdir(mnt / "sub")) == errno.EEXIST
     assert _open_errno(mnt / "sub/inner.txt/x", "wb") == errno.ENOTDIR
     assert _errno_of(lambda: os.rmdir(mnt / "nothing-here")) == errno.ENOENT
+    assert _errno_of(lambda: os.rename(mnt / "sub", mnt / "moved")) == errno.EXDEV
+    os.mkdir(mnt / "made")
+    assert os.listdir(mnt / "made") == []
+    os.rmdir(mnt / "made")
+    assert not (mnt / "made").exists()
+
+
+def test_a_busy_mount_needs_lazy_unmount(
+    bucket: str, s3_client: Any, cli: Cli, mount: Callable[..., Path]
+) -> None:
+    s3_client.put_object(Bucket=bucket, Key="b/open.txt", Body=b"held open")
+    mnt = mount(f"s3://{bucket}/b", "--read-only")
+    with open(mnt / "open.txt", "rb") as held:
+        line = _one_line_error(cli("unmount", str(mnt)))
+        assert "busy" in line and "--lazy" in line
+        done = cli("unmount", "--lazy", str(mnt))
+        assert done.returncode == 0, done.stderr
+        assert held.read() == b"held open"  # an open file keeps working after a lazy unmount
+    assert os.listdir(mnt) == []
+
+
+def test_foreground_mount_runs_until_unmounted(bucket: str, cli: Cli, tmp_path: Path) -> None:
+    mnt = tmp_path / "fg"
+    mnt.mkdir()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tiercache.cli", "mount", f"s3://{bucket}", str(mnt), "-f"],
+        env=cli.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while str(mnt) not in {m.mountpoint for m in active_mounts()}:
+            assert child.poll() is None, child.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        done = cli("unmount", str(mnt))
+        assert done.returncode == 0, done.stderr
+        assert child.wait(30) == 0
+    finally:
+        if child.poll() is None:
+            cleanup_mount(cli, str(mnt), child.pid)
+        child.communicate()
 
 
 def _one_line_error(done: Any) -> str:

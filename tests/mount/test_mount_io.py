@@ -37,7 +37,14 @@ def test_read_with_shell_tools_then_unmount(
     s3_client.put_object(Bucket=bucket, Key="data/shards/deep/x.txt", Body=b"x")
     s3_client.put_object(Bucket=bucket, Key="other/not-shown.txt", Body=b"no")
 
-    mnt = mount(f"s3://{bucket}/data", "--read-only", "--consistency", "immutable")
+    mnt = mount(
+        f"s3://{bucket}/data",
+        "--read-only",
+        "--consistency",
+        "immutable",
+        "--local-max-bytes",
+        "500MiB",
+    )
 
     listing = sh("ls", "-R", str(mnt)).stdout.decode()
     for name in ("hello.txt", "shards", "shard-0.bin", "deep", "x.txt"):
@@ -105,6 +112,9 @@ def test_writes_reach_the_store_after_flush(
     assert stored(s3_client, bucket, "out/ckpt/model.pt") == python_bytes
     assert stored(s3_client, bucket, "out/ckpt/patched.bin") == b"HEADER!!payload"
 
+    sh("mv", str(mnt / "copied.bin"), str(mnt / "renamed.bin"))
+    assert stored(s3_client, bucket, "out/renamed.bin") == copied
+    assert sorted(os.listdir(mnt)) == ["ckpt", "dd.bin", "renamed.bin", "replaced.bin"]
     sh("rm", str(mnt / "dd.bin"))
     listed = s3_client.list_objects_v2(Bucket=bucket, Prefix="out/dd.bin").get("Contents", [])
     assert listed == []
