@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Cli, requires_fuse
+from mount_helpers import Cli, requires_fuse
 
 from tiercache.mount import active_mounts
 

@@ -4,4 +4,5 @@ import sys
 
 from tiercache.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing the module (pkgutil.walk_packages) must not run the CLI
+    sys.exit(main())

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiercache.mount.binding import fuse_class
-from tiercache.mount.control import state_path
+from tiercache.mount.control import MountError, state_path
 from tiercache.mount.operations import MountOperations, MountOptions
 
 log = logging.getLogger("tiercache.mount")
@@ -68,7 +68,7 @@ def operation_options(spec: MountSpec, consistency: str) -> MountOptions:
 
 
 def serve(spec: MountSpec, fs: Any) -> None:
-    """Mount and serve until unmounted (blocks). Raises ``RuntimeError`` if libfuse fails."""
+    """Mount and serve until unmounted (blocks). Raises ``MountError`` if libfuse fails."""
     fuse = fuse_class(spec.mountpoint)
     logging.basicConfig(
         level=logging.DEBUG if spec.debug else logging.INFO,
@@ -94,6 +94,8 @@ def serve(spec: MountSpec, fs: Any) -> None:
             debug=spec.debug,
             **kernel_options(spec),
         )
+    except RuntimeError as exc:  # libfuse printed its reason just before
+        raise MountError(f"libfuse could not serve {spec.mountpoint} (status {exc})") from None
     finally:
         stop.set()
         writer.join(5)

@@ -15,7 +15,7 @@ from typing import Any
 import boto3
 import pytest
 import s3server
-from conftest import active_mounts, cleanup_mount, make_cli, requires_fuse, server_env
+from mount_helpers import active_mounts, cleanup_mount, make_cli, requires_fuse, server_env
 
 pytestmark = [pytest.mark.integration, requires_fuse]
 
