@@ -32,7 +32,9 @@ def add_tier_flags(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="TOML config file (default: TIERCACHE_CONFIG, ~/.config/tiercache/config.toml)",
     )
-    parser.add_argument("--local-dir", help="the local tier (default: TIERCACHE_LOCAL_DIR)")
+    parser.add_argument(
+        "--local-dir", metavar="DIR", help="the local tier (default: TIERCACHE_LOCAL_DIR)"
+    )
     parser.add_argument(
         "--local-max-bytes",
         metavar="SIZE",
@@ -42,8 +44,12 @@ def add_tier_flags(parser: argparse.ArgumentParser) -> None:
 
 def add_store_flags(parser: argparse.ArgumentParser) -> None:
     """Flags that choose the store: ``--endpoint-url``, ``--region``."""
-    parser.add_argument("--endpoint-url", help="S3 endpoint (default: boto3's configuration)")
-    parser.add_argument("--region", help="S3 region (default: boto3's configuration)")
+    parser.add_argument(
+        "--endpoint-url", metavar="URL", help="S3 endpoint (default: boto3's configuration)"
+    )
+    parser.add_argument(
+        "--region", metavar="NAME", help="S3 region (default: boto3's configuration)"
+    )
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:

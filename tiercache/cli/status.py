@@ -21,7 +21,18 @@ NAME = "status"
 HELP = "tier usage, uploads still pending and active mounts (no store access)"
 
 
+EPILOG = """\
+examples:
+  tiercache status
+  tiercache status --local-dir /nvme/tiercache --json | jq .pending_bytes
+
+Reads only local files (the tier, the upload journal, /proc/mounts): it works while the
+store is down.
+"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EPILOG
     add_tier_flags(parser)
     add_json_flag(parser)
 
