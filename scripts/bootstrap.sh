@@ -10,7 +10,18 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-  -c "$ROOT/scripts/constraints.txt" -e "$ROOT[dev]"
+  -c "$ROOT/scripts/constraints.txt" -e "$ROOT[dev,mount]"
+# The mount tests need libfuse 3 and fusermount3 from the OS. Installed here when missing and
+# when we may (root with apt); a failure only makes those tests skip, saying why.
+if ! command -v fusermount3 >/dev/null 2>&1 || ! ldconfig -p 2>/dev/null | grep -q 'libfuse3\.so'; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "bootstrap: installing fuse3 (libfuse 3 and fusermount3) for the mount tests" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3; } \
+      >/dev/null 2>&1 || echo "bootstrap: could not install fuse3; mount tests will skip" >&2
+  else
+    echo "bootstrap: fuse3 is missing (apt-get install fuse3); mount tests will skip" >&2
+  fi
+fi
 # The PyTorch adapters' tests need torch. PyPI's default Linux build drags in gigabytes of
 # CUDA libraries, so only a CPU wheel found locally is installed; without one those tests
 # are skipped, and say so.

@@ -6,20 +6,33 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from tiercache.cli import flush, prefetch, status
+from tiercache.cli import doctor, evict, flush, ls, mount, prefetch, stats, status, unmount
 from tiercache.cli.common import Command
 from tiercache.errors import TierCacheError
 
 # Each command module offers ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args)``.
-COMMANDS: tuple[Command, ...] = (status, flush, prefetch)
+COMMANDS: tuple[Command, ...] = (
+    mount,
+    unmount,
+    status,
+    stats,
+    ls,
+    prefetch,
+    flush,
+    evict,
+    doctor,
+)
 
 _DESCRIPTION = """\
-Operate a tiercache cache: see what it holds, fill it ahead of a job, finish its uploads.
+Operate a tiercache cache: mount a bucket, see what the cache holds, fill it ahead
+of a job, finish its uploads.
 
-Options not given as flags come from TIERCACHE_* environment variables; the store's
-endpoint and credentials from boto3's own configuration (AWS_ENDPOINT_URL,
-AWS_ACCESS_KEY_ID, AWS_PROFILE, ...). Every command takes --json for machine-readable
-output and exits non-zero when it fails.
+Options come from flags, then TIERCACHE_* environment variables, then the [tiercache]
+table of the config file (--config, TIERCACHE_CONFIG or ~/.config/tiercache/config.toml),
+then defaults. The store's endpoint and credentials: --endpoint-url, then boto3's own
+environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_PROFILE, ...), then the file's [s3]
+table. Every command takes --json for machine-readable output and exits non-zero when it
+fails; `tiercache COMMAND --help` shows examples.
 """
 
 
@@ -31,7 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
-        child = sub.add_parser(command.NAME, help=command.HELP, description=command.HELP)
+        child = sub.add_parser(
+            command.NAME,
+            help=command.HELP,
+            description=command.HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         command.add_arguments(child)
         child.set_defaults(run=command.run)
     return parser
@@ -40,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # a background mount re-runs it
     try:
         code: int = args.run(args)
     except (TierCacheError, OSError) as exc:

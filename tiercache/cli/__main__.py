@@ -4,7 +4,5 @@ import sys
 
 from tiercache.cli import main
 
-if (
-    __name__ == "__main__"
-):  # importing the module (the docstring test walks every module) runs nothing
+if __name__ == "__main__":  # importing the module (pkgutil.walk_packages) must not run the CLI
     sys.exit(main())

@@ -7,6 +7,8 @@ import json
 from typing import Any, Protocol
 
 from tiercache.config import TierCacheConfig
+from tiercache.config_file import FileSettings, load_config, store_options
+from tiercache.config_file import tier_options as merge_tier_options
 from tiercache.filesystem import TierCacheFileSystem
 
 MiB = 1024 * 1024
@@ -24,37 +26,73 @@ class Command(Protocol):
 
 
 def add_tier_flags(parser: argparse.ArgumentParser) -> None:
-    """Flags that choose the cache: ``--local-dir``."""
-    parser.add_argument("--local-dir", help="the local tier (default: TIERCACHE_LOCAL_DIR)")
+    """Flags that choose the cache: ``--config``, ``--local-dir``, ``--local-max-bytes``."""
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        help="TOML config file (default: TIERCACHE_CONFIG, ~/.config/tiercache/config.toml)",
+    )
+    parser.add_argument(
+        "--local-dir", metavar="DIR", help="the local tier (default: TIERCACHE_LOCAL_DIR)"
+    )
+    parser.add_argument(
+        "--local-max-bytes",
+        metavar="SIZE",
+        help="byte budget of the local tier, e.g. 500GiB (default: TIERCACHE_LOCAL_MAX_BYTES)",
+    )
 
 
 def add_store_flags(parser: argparse.ArgumentParser) -> None:
-    """Flags that choose the store: ``--endpoint-url``."""
-    parser.add_argument("--endpoint-url", help="S3 endpoint (default: boto3's configuration)")
+    """Flags that choose the store: ``--endpoint-url``, ``--region``."""
+    parser.add_argument(
+        "--endpoint-url", metavar="URL", help="S3 endpoint (default: boto3's configuration)"
+    )
+    parser.add_argument(
+        "--region", metavar="NAME", help="S3 region (default: boto3's configuration)"
+    )
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def file_settings(args: argparse.Namespace) -> FileSettings:
+    """The config file the flags or environment name (read once per command)."""
+    cached = getattr(args, "_file_settings", None)
+    if cached is None:
+        cached = load_config(getattr(args, "config", None))
+        args._file_settings = cached
+    return cached
+
+
 def tier_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The tiercache options the flags set (the rest come from the environment)."""
-    options: dict[str, Any] = {}
-    if getattr(args, "local_dir", None):
-        options["local_dir"] = args.local_dir
-    return options
+    """The tiercache options: flags over environment over the config file over defaults."""
+    flags: dict[str, Any] = {}
+    for name in ("local_dir", "local_max_bytes", "consistency"):
+        value = getattr(args, name, None)
+        if value:
+            flags[name] = value
+    return merge_tier_options(file_settings(args), flags)
+
+
+def target_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The store options: flags over ``AWS_*`` environment over the config file."""
+    flags = {
+        "endpoint_url": getattr(args, "endpoint_url", None),
+        "region": getattr(args, "region", None),
+    }
+    return store_options(file_settings(args), flags)
 
 
 def config_from_args(args: argparse.Namespace) -> TierCacheConfig:
     return TierCacheConfig.from_options(tier_options(args))
 
 
-def filesystem_from_args(args: argparse.Namespace, **extra: Any) -> TierCacheFileSystem:
-    """A filesystem over the store and tiers the flags name (``extra``: more options)."""
-    endpoint = getattr(args, "endpoint_url", None)
-    target = {"endpoint_url": endpoint} if endpoint else {}
+def filesystem_from_args(args: argparse.Namespace, **overrides: Any) -> TierCacheFileSystem:
+    """A filesystem over the store and tiers the flags, environment and config file name."""
+    options = {**tier_options(args), **overrides}
     return TierCacheFileSystem(
-        target_options=target, skip_instance_cache=True, **tier_options(args), **extra
+        target_options=target_options(args), skip_instance_cache=True, **options
     )
 
 

@@ -20,7 +20,18 @@ NAME = "flush"
 HELP = "upload everything written behind and not yet in the store (after a job or a crash)"
 
 
+EPILOG = """\
+examples:
+  tiercache flush                       # after a job or a crash: upload what is pending
+  tiercache flush --timeout 600         # exit 1, naming what is left, if not done in 10 min
+  tiercache flush --watch               # keep draining, as a service
+
+Exit status 0 means everything written behind in this local tier is in the store.
+"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EPILOG
     add_tier_flags(parser)
     add_store_flags(parser)
     parser.add_argument("--timeout", type=float, help="give up after this many seconds")

@@ -14,13 +14,25 @@ from tiercache.cli.common import (
     print_json,
 )
 from tiercache.journal import Journal
+from tiercache.mount.control import active_mounts
 from tiercache.tiers.local import LocalTier
 
 NAME = "status"
-HELP = "tier usage and the uploads still pending (reads only local files, no store access)"
+HELP = "tier usage, uploads still pending and active mounts (no store access)"
+
+
+EPILOG = """\
+examples:
+  tiercache status
+  tiercache status --local-dir /nvme/tiercache --json | jq .pending_bytes
+
+Reads only local files (the tier, the upload journal, /proc/mounts): it works while the
+store is down.
+"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EPILOG
     add_tier_flags(parser)
     add_json_flag(parser)
 
@@ -46,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
         "pending_uploads": len(pending),
         "pending_bytes": sum(p["size"] for p in pending),
         "pending": pending,
+        "mounts": [
+            {"mountpoint": m.mountpoint, "url": m.url, "read_only": m.read_only}
+            for m in active_mounts()
+        ],
     }
     if args.json:
         print_json(report)
@@ -58,4 +74,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"  pending   {len(pending)} upload(s), {human_bytes(report['pending_bytes'])}")
     for row in pending:
         print(f"    {row['name']}  {human_bytes(row['size'])}  waiting {row['age_s']:.0f} s")
+    print(f"mounts      {len(report['mounts'])}")
+    for mount in report["mounts"]:
+        mode = "ro" if mount["read_only"] else "rw"
+        print(f"  {mount['mountpoint']}  {mount['url']}  ({mode})")
     return 0

@@ -1,0 +1,287 @@
+"""Sequential reads through the FUSE mount vs tiercache's fsspec API vs plain local files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import common
+import xxhash
+from common import REPO, Endpoint, MiB, VerifyError
+
+from tiercache import TierCacheFileSystem
+
+DEFAULT_JSON = REPO / "benchmarks" / "results" / "mount_bench.json"
+
+NOTES = (
+    "Every object is read sequentially in --chunk-mib reads; the timer covers open + reads + "
+    "close of each object; every byte is checked (xxh3_128) after the timer stops.",
+    "local_raw reads page-cache-warm local copies: the ceiling for any warm read.",
+    "fsspec_cold/fsspec_warm: TierCacheFileSystem.open() on a fresh tier, then a second pass.",
+    "mount_cold: a fresh tier behind a fresh mount, every byte fetched from the store.",
+    "mount_warm: the objects are in the local tier but the mount is new, so the kernel has no "
+    "page of them: every byte is served by the mount process (FUSE read requests).",
+    "mount_warm_pagecache: a second pass on the same mount; with --consistency immutable the "
+    "kernel keeps the pages across opens (keep_cache), so reads never reach the mount process.",
+    "Mounts are made with the command line (`tiercache mount ... --read-only --consistency "
+    "immutable`) in the background, as a user would, and unmounted after each pass.",
+    "Reported value per mode = median seconds over --repeat samples.",
+)
+
+RATIOS: tuple[tuple[str, str, str, float | None], ...] = (
+    ("mount_warm / local_raw (warm tier, every byte through FUSE)", "mount_warm", "local_raw", 0.7),
+    ("mount_warm_pagecache / local_raw", "mount_warm_pagecache", "local_raw", 0.7),
+    ("mount_warm / fsspec_warm", "mount_warm", "fsspec_warm", None),
+    ("mount_cold / fsspec_cold", "mount_cold", "fsspec_cold", None),
+)
+
+
+@dataclass(frozen=True)
+class Shard:
+    key: str
+    path: str
+    size: int
+    digest: str
+
+
+@dataclass
+class Context:
+    args: argparse.Namespace
+    endpoint: Endpoint
+    bucket: str
+    shards: list[Shard]
+    tmp: Path
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def chunk(self) -> int:
+        return int(self.args.chunk_mib * MiB)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.size for s in self.shards)
+
+    def env(self, local_dir: Path) -> dict[str, str]:
+        return {
+            **os.environ,
+            "AWS_ENDPOINT_URL": self.endpoint.url,
+            "AWS_ACCESS_KEY_ID": self.endpoint.key,
+            "AWS_SECRET_ACCESS_KEY": self.endpoint.secret,
+            "AWS_DEFAULT_REGION": self.endpoint.region,
+            "TIERCACHE_LOCAL_DIR": str(local_dir),
+            "TIERCACHE_LOCAL_MAX_BYTES": str(4 * self.total_bytes),
+        }
+
+
+Reader = Callable[[Shard], list[Any]]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--shards", type=int, default=8, help="number of objects (default 8)")
+    p.add_argument("--shard-mib", type=float, default=64, help="object size in MiB (default 64)")
+    p.add_argument("--chunk-mib", type=float, default=8, help="read size in MiB (default 8)")
+    common.add_run_args(p, DEFAULT_JSON)
+    p.add_argument("--quick", action="store_true", help="4 objects x 16 MiB smoke run")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.shards, args.shard_mib = 4, 16
+    if args.shards < 1 or args.shard_mib <= 0 or args.chunk_mib <= 0 or args.repeat < 1:
+        p.error("--shards, --shard-mib, --chunk-mib and --repeat must be positive")
+    return args
+
+
+def build_dataset(client: Any, args: argparse.Namespace, tmp: Path) -> tuple[str, list[Shard]]:
+    bucket = f"tiercache-mbench-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(Bucket=bucket)
+    local = tmp / "local"
+    local.mkdir()
+    size = int(args.shard_mib * MiB)
+
+    def make(i: int) -> Shard:
+        data = os.urandom(size)
+        key = f"shards/shard-{i:05d}.bin"
+        path = local / f"shard-{i:05d}.bin"
+        path.write_bytes(data)
+        client.put_object(Bucket=bucket, Key=key, Body=data)
+        return Shard(key, str(path), size, xxhash.xxh3_128_hexdigest(data))
+
+    with ThreadPoolExecutor(4) as pool:
+        return bucket, list(pool.map(make, range(args.shards)))
+
+
+def drain(f: Any, chunk: int) -> list[Any]:
+    chunks = []
+    while data := f.read(chunk):
+        chunks.append(data)
+    return chunks
+
+
+def file_reader(ctx: Context, root: Path | None) -> Reader:
+    """Plain ``open()`` of the local copy (root None) or of the object under a mountpoint."""
+
+    def read(shard: Shard) -> list[Any]:
+        path = shard.path if root is None else str(root / shard.key.removeprefix("shards/"))
+        with open(path, "rb", buffering=0) as f:
+            return drain(f, ctx.chunk)
+
+    return read
+
+
+def fsspec_reader(ctx: Context, fs: Any) -> Reader:
+    def read(shard: Shard) -> list[Any]:
+        with fs.open(f"{ctx.bucket}/{shard.key}", "rb") as f:
+            return drain(f, ctx.chunk)
+
+    return read
+
+
+def timed_pass(ctx: Context, mode: str, reader: Reader) -> None:
+    os.sync()
+    total = 0.0
+    for shard in ctx.shards:
+        start = time.perf_counter()
+        chunks = reader(shard)
+        total += time.perf_counter() - start
+        count, digest = common.count_and_digest(chunks)
+        if count != shard.size or digest != shard.digest:
+            raise VerifyError(f"{mode}: {shard.key}: read {count} bytes with the wrong digest")
+        del chunks
+    ctx.samples.setdefault(mode, []).append(total)
+
+
+def cli(ctx: Context, local_dir: Path, *args: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "tiercache.cli", *args, "--json"],
+        env=ctx.env(local_dir),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"tiercache {args[0]} failed: {done.stderr.strip()}")
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+@contextmanager
+def mounted(ctx: Context, local_dir: Path) -> Iterator[Path]:
+    mountpoint = Path(tempfile.mkdtemp(prefix="mnt-", dir=ctx.tmp))
+    url = f"s3://{ctx.bucket}/shards"
+    flags = ("--read-only", "--consistency", "immutable")
+    pid = int(cli(ctx, local_dir, "mount", url, str(mountpoint), *flags)["pid"])
+    try:
+        yield mountpoint
+    finally:
+        cli(ctx, local_dir, "unmount", str(mountpoint))
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def run_repeat(ctx: Context) -> None:
+    timed_pass(ctx, "local_raw", file_reader(ctx, None))
+
+    fs_dir = Path(tempfile.mkdtemp(prefix="fsspec-", dir=ctx.tmp))
+    fs = TierCacheFileSystem(
+        target_options=ctx.endpoint.s3_options(),
+        local_dir=str(fs_dir),
+        local_max_bytes=4 * ctx.total_bytes,
+        consistency="immutable",
+        skip_instance_cache=True,
+    )
+    common.build_client_now(fs)
+    timed_pass(ctx, "fsspec_cold", fsspec_reader(ctx, fs))
+    fs.wait_fetches()
+    timed_pass(ctx, "fsspec_warm", fsspec_reader(ctx, fs))
+
+    tier = Path(tempfile.mkdtemp(prefix="mount-tier-", dir=ctx.tmp))
+    with mounted(ctx, tier) as mnt:
+        timed_pass(ctx, "mount_cold", file_reader(ctx, mnt))
+    with mounted(ctx, tier) as mnt:  # a new mount: the kernel has no page of these files
+        timed_pass(ctx, "mount_warm", file_reader(ctx, mnt))
+        timed_pass(ctx, "mount_warm_pagecache", file_reader(ctx, mnt))
+
+
+def summarize(ctx: Context) -> dict[str, dict[str, Any]]:
+    modes = {}
+    for mode, samples in ctx.samples.items():
+        seconds = statistics.median(samples)
+        modes[mode] = {
+            "bytes": ctx.total_bytes,
+            "seconds": round(seconds, 4),
+            "mib_s": round(ctx.total_bytes / MiB / seconds, 1),
+            "samples_s": [round(s, 4) for s in samples],
+        }
+    return modes
+
+
+def ratios(modes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for name, numerator, denominator, target in RATIOS:
+        value = modes[numerator]["mib_s"] / modes[denominator]["mib_s"]
+        row: dict[str, Any] = {"name": name, "value": round(value, 3), "target": target}
+        if target is not None:
+            row["result"] = "PASS" if value >= target else "MISS"
+        rows.append(row)
+    return rows
+
+
+def print_report(result: dict[str, Any]) -> None:
+    params = result["params"]
+    print(
+        f"\ntiercache mount benchmark: {params['shards']} objects x {params['shard_mib']:g} MiB, "
+        f"{params['chunk_mib']:g} MiB reads, median of {params['repeat']} repeat(s)\n"
+    )
+    print(f"{'mode':<24} {'MiB':>7} {'seconds':>8} {'MiB/s':>8}")
+    for mode, row in result["modes"].items():
+        print(f"{mode:<24} {row['bytes'] / MiB:>7.0f} {row['seconds']:>8.3f} {row['mib_s']:>8.1f}")
+    print(f"\n{'ratio':<62} {'value':>6} {'target':>7}  result")
+    for row in result["ratios"]:
+        target = f">={row['target']:g}" if row["target"] is not None else ""
+        print(f"{row['name']:<62} {row['value']:>6.3f} {target:>7}  {row.get('result', '')}")
+    common.print_notes(result["notes"])
+
+
+def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[str, Any]:
+    client = common.make_client(endpoint)
+    bucket, shards = build_dataset(client, args, tmp)
+    ctx = Context(args, endpoint, bucket, shards, tmp)
+    for _ in range(args.repeat):
+        run_repeat(ctx)
+    modes = summarize(ctx)
+    return {
+        "params": {
+            "shards": args.shards,
+            "shard_mib": args.shard_mib,
+            "chunk_mib": args.chunk_mib,
+            "repeat": args.repeat,
+            "statistic": "median",
+        },
+        "machine": common.machine_info(endpoint),
+        "modes": modes,
+        "ratios": ratios(modes),
+        "notes": list(NOTES),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return common.run_main(parse_args(argv), "tiercache-mbench-", benchmark, print_report)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Helpers of the mount tests: the CLI run as a user runs it, and unmounting however it takes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tiercache.mount import active_mounts, fuse_support
+
+_support = fuse_support()
+# Stated once for every mount test: without FUSE there is nothing to mount with.
+requires_fuse = pytest.mark.skipif(
+    not _support.usable,
+    reason="FUSE is not usable here: " + "; ".join(_support.problems),
+)
+
+
+def server_env(endpoint: str, key: str, secret: str, region: str) -> dict[str, str]:
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": key,
+        "AWS_SECRET_ACCESS_KEY": secret,
+        "AWS_DEFAULT_REGION": region,
+    }
+
+
+@dataclass
+class Cli:
+    """Runs ``python -m tiercache.cli`` with the test server's environment and a private tier."""
+
+    env: dict[str, str]
+    local_dir: str
+
+    def __call__(
+        self, *args: str, timeout: float = 60, **env: str
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "tiercache.cli", *args],
+            env={**self.env, **env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def json(self, *args: str, **env: str) -> Any:
+        done = self(*args, "--json", **env)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+
+def make_cli(tmp_path: Path, endpoint_env: dict[str, str]) -> Cli:
+    local_dir = str(tmp_path / "tier")
+    env = {
+        **os.environ,
+        **endpoint_env,
+        "TIERCACHE_LOCAL_DIR": local_dir,
+        "TIERCACHE_RETRIES": "2",
+        "TIERCACHE_CONNECT_TIMEOUT": "2",
+        "TIERCACHE_READ_TIMEOUT": "3",
+        "HOME": str(tmp_path / "home"),  # no ~/.aws or ~/.config of the machine's user
+    }
+    env.pop("TIERCACHE_CONFIG", None)
+    return Cli(env, local_dir)
+
+
+def mounted(mountpoint: str) -> bool:
+    return any(m.mountpoint == os.path.realpath(mountpoint) for m in active_mounts())
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie of ours still answers kill(0); reap it if it is our child.
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+                return f.read().split(")")[-1].split()[0] == "Z"
+        except FileNotFoundError:
+            return True
+
+
+def cleanup_mount(cli: Cli, mountpoint: str, pid: int | None) -> None:
+    """Unmount however it takes, then make sure the mount process is gone."""
+    if mounted(mountpoint):
+        done = cli("unmount", mountpoint)
+        if done.returncode != 0 and mounted(mountpoint):
+            subprocess.run(["fusermount3", "-uz", mountpoint], check=False)
+    if pid is not None:
+        deadline = time.monotonic() + 15
+        while not _gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not _gone(pid):
+            os.kill(pid, signal.SIGKILL)

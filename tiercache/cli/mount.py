@@ -1,0 +1,122 @@
+"""``tiercache mount``: serve ``s3://bucket/prefix`` as a directory through the cache (FUSE)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tiercache.cli.common import (
+    add_json_flag,
+    add_store_flags,
+    add_tier_flags,
+    filesystem_from_args,
+    print_json,
+)
+from tiercache.mount.control import (
+    MountError,
+    check_mountpoint,
+    parse_url,
+    start_background,
+    state_path,
+)
+from tiercache.mount.library import fuse_support
+from tiercache.mount.runner import MountSpec, serve
+
+NAME = "mount"
+HELP = "serve s3://BUCKET[/PREFIX] as a directory through the cache (FUSE)"
+EPILOG = """\
+examples:
+  tiercache mount s3://datasets/imagenet /mnt/imagenet --read-only --consistency immutable
+  tiercache mount s3://ckpt/run-7 /mnt/ckpt --local-dir /nvme/tiercache --local-max-bytes 500GiB
+  tiercache unmount /mnt/ckpt
+
+Reads come from the local tier (fetched from the store on first use); with
+--consistency immutable the kernel also keeps file pages cached across opens. Files
+written through a read-write mount are uploaded behind: close() returns once the bytes
+are durable in the local tier; `tiercache flush` finishes uploads after a crash.
+Without --foreground the command returns once the mount is up; the mount process logs
+to LOCAL_DIR/mounts/.
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("url", metavar="URL", help="s3://BUCKET or s3://BUCKET/PREFIX")
+    parser.add_argument("mountpoint", metavar="MOUNTPOINT", help="an empty directory")
+    add_tier_flags(parser)
+    add_store_flags(parser)
+    parser.add_argument(
+        "--consistency",
+        choices=("immutable", "ttl", "always"),
+        help="when cached objects are checked against the store (default: TIERCACHE_CONSISTENCY)",
+    )
+    access = parser.add_mutually_exclusive_group()
+    access.add_argument(
+        "--read-only", dest="read_only", action="store_true", help="refuse writes (EROFS)"
+    )
+    access.add_argument(
+        "--read-write", dest="read_only", action="store_false", help="allow writes (default)"
+    )
+    parser.add_argument(
+        "-f", "--foreground", action="store_true", help="stay in the foreground until unmounted"
+    )
+    parser.add_argument(
+        "--attr-timeout",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds attributes and listings are trusted (default: 1)",
+    )
+    parser.add_argument("--allow-other", action="store_true", help="let other users read the mount")
+    parser.add_argument("--debug", action="store_true", help="log every FUSE request")
+    add_json_flag(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    bucket, prefix = parse_url(args.url)
+    support = fuse_support()
+    if not support.usable:
+        raise MountError(f"FUSE is not usable here: {support.problems[0]}")
+    mountpoint = check_mountpoint(args.mountpoint)
+    if args.attr_timeout < 0:
+        raise MountError("--attr-timeout must be >= 0")
+    fs = filesystem_from_args(args)
+    try:
+        fs.info(bucket)  # the bucket exists and the credentials work, before anything mounts
+    except FileNotFoundError:
+        raise MountError(
+            f"bucket {bucket!r} does not exist at {fs.store!r}: create it, or check the URL"
+        ) from None
+    url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+    spec = MountSpec(
+        url=url,
+        bucket=bucket,
+        prefix=prefix,
+        mountpoint=mountpoint,
+        read_only=bool(args.read_only),
+        attr_ttl=args.attr_timeout,
+        allow_other=args.allow_other,
+        debug=args.debug,
+    )
+    if args.foreground:
+        serve(spec, fs)
+        return 0
+    log_path = state_path(fs.config.local_dir, mountpoint, "log")
+    argv = [sys.executable, "-m", "tiercache.cli", *args.argv, "--foreground"]
+    pid = start_background(argv, mountpoint, log_path)
+    report = {
+        "url": url,
+        "mountpoint": mountpoint,
+        "pid": pid,
+        "log": log_path,
+        "read_only": spec.read_only,
+        "consistency": fs.config.consistency,
+        "local_dir": fs.config.local_dir,
+    }
+    if args.json:
+        print_json(report)
+    else:
+        mode = "read-only" if spec.read_only else "read-write"
+        print(f"mounted {url} on {mountpoint} ({mode}, pid {pid}, log {log_path})")
+    return 0

@@ -1,0 +1,107 @@
+"""File attributes for the kernel and a short-lived cache of them and of directory listings."""
+
+from __future__ import annotations
+
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+# What the kernel is told about block sizes: big blocks make tools such as cp and dd use
+# big reads and writes.
+BLOCK_SIZE = 1 << 20
+
+
+@dataclass(frozen=True)
+class Attr:
+    """What ``getattr`` reports for one path: a file (with size and mtime) or a directory."""
+
+    is_dir: bool
+    size: int = 0
+    mtime: float = 0.0
+
+    def to_stat(self, uid: int, gid: int, writable: bool) -> dict[str, Any]:
+        write_bits = 0o200 if writable else 0
+        if self.is_dir:
+            mode = stat.S_IFDIR | 0o555 | write_bits
+            nlink = 2
+        else:
+            mode = stat.S_IFREG | 0o444 | write_bits
+            nlink = 1
+        mtime_ns = int(self.mtime * 1e9)
+        return {
+            "st_mode": mode,
+            "st_nlink": nlink,
+            "st_size": self.size,
+            "st_uid": uid,
+            "st_gid": gid,
+            "st_blksize": BLOCK_SIZE,
+            "st_blocks": (self.size + 511) // 512,
+            "st_mtime": mtime_ns,
+            "st_ctime": mtime_ns,
+            "st_atime": mtime_ns,
+        }
+
+
+DIRECTORY = Attr(is_dir=True, mtime=time.time())  # directories date from the mount
+
+
+def attr_from_info(info: dict[str, Any]) -> Attr:
+    """An ``Attr`` from an fsspec ``info``/``ls`` row."""
+    if info.get("type") == "directory":
+        return DIRECTORY
+    mtime = info.get("mtime")
+    return Attr(False, int(info.get("size") or 0), float(mtime) if mtime else time.time())
+
+
+class AttrCache:
+    """Attributes and listings trusted for ``ttl`` seconds; None stands for "does not exist".
+
+    The store answers a stat with a HEAD and a directory with a LIST; tools such as ``ls -l``
+    and ``cp -r`` stat every name they list, so a listing fills the cache for its children.
+    """
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._lock = threading.Lock()
+        self._attrs: dict[str, tuple[float, Attr | None]] = {}
+        self._listings: dict[str, tuple[float, list[str]]] = {}
+
+    def get(self, path: str) -> tuple[bool, Attr | None]:
+        """``(known, attr)``: known is False when the cache has nothing fresh for ``path``."""
+        with self._lock:
+            hit = self._attrs.get(path)
+        if hit is None or time.monotonic() - hit[0] > self.ttl:
+            return False, None
+        return True, hit[1]
+
+    def put(self, path: str, attr: Attr | None) -> None:
+        if self.ttl <= 0:
+            return
+        with self._lock:
+            self._attrs[path] = (time.monotonic(), attr)
+
+    def listing(self, path: str) -> list[str] | None:
+        with self._lock:
+            hit = self._listings.get(path)
+        if hit is None or time.monotonic() - hit[0] > self.ttl:
+            return None
+        return hit[1]
+
+    def put_listing(self, path: str, names: list[str], children: dict[str, Attr]) -> None:
+        if self.ttl <= 0:
+            return
+        now = time.monotonic()
+        with self._lock:
+            self._listings[path] = (now, names)
+            for child, attr in children.items():
+                self._attrs[child] = (now, attr)
+
+    def forget(self, path: str) -> None:
+        """Drop what is known about ``path`` and the listing of its parent (it changed)."""
+        parent = path.rsplit("/", 1)[0] or "/"
+        with self._lock:
+            self._attrs.pop(path, None)
+            self._listings.pop(path, None)
+            self._listings.pop(parent, None)

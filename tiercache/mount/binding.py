@@ -1,0 +1,83 @@
+"""The mfusepy ``FUSE`` class with reads copied straight into libfuse's buffer, and read-ahead.
+
+Measured on the development VM (256 MiB object in the local tier, fresh mount, 8 MiB reads):
+mfusepy's own ``read`` with the kernel's default 128 KiB read-ahead served 0.2x a plain
+local read; a 4 MiB read-ahead, which lets the kernel send 1 MiB requests, doubled that.
+Handing libfuse the tier file's descriptor (``read_buf``, with or without splice) and
+``direct_io`` measured no better, so neither is used (``direct_io`` would also refuse shared
+``mmap`` with libfuse before 3.16, which numpy and Arrow readers use).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+log = logging.getLogger("tiercache.mount")
+
+# The kernel's read-ahead for the mount (KiB); its default of 128 KiB caps requests at that.
+READ_AHEAD_KB = 4096
+
+
+def fuse_class(mountpoint: str) -> Any:
+    """mfusepy's FUSE, reading into libfuse's buffer and raising the mount's read-ahead."""
+    import mfusepy  # noqa: PLC0415  (an optional extra: the rest of tiercache works without)
+
+    class FUSE(mfusepy.FUSE):  # type: ignore[misc]
+        def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
+            # mfusepy's read has the operation return bytes and then copies them: reading
+            # into libfuse's buffer saves a copy and an allocation per request.
+            target = (ctypes.c_char * size).from_address(ctypes.addressof(buf.contents))
+            decoded = None if path is None else path.decode(self.encoding, self.errors)
+            done: int = self.operations.read_into(
+                decoded, memoryview(target).cast("B"), offset, fip.contents
+            )
+            return done
+
+        def init_fuse_3(self, conn: Any, config: Any) -> None:
+            threading.Thread(
+                target=_raise_read_ahead, args=(mountpoint,), name="mount-readahead", daemon=True
+            ).start()
+            super().init_fuse_3(conn, config)
+
+    return FUSE
+
+
+def _raise_read_ahead(mountpoint: str) -> None:
+    """Set the mount's read-ahead once the kernel has it.
+
+    The kernel lowers it to what INIT's answer allows right after ``init`` returns, so it is
+    set shortly after, and once more a little later. Only root may; otherwise the kernel's
+    default stays and reads arrive in 128 KiB requests.
+    """
+    for delay in (0.1, 0.9):
+        time.sleep(delay)
+        device = _device_of(os.path.realpath(mountpoint))
+        if device is None:
+            continue
+        try:
+            with open(f"/sys/class/bdi/{device}/read_ahead_kb", "w", encoding="ascii") as f:
+                f.write(str(READ_AHEAD_KB))
+        except OSError as exc:
+            log.info("kernel read-ahead left at its default: %s", exc.strerror)
+            return
+
+
+def _device_of(mountpoint: str) -> str | None:
+    """``major:minor`` of the tiercache mount on ``mountpoint`` (from the kernel's table)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    escaped = mountpoint.replace("\\", "\\134").replace(" ", "\\040")
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        if right.startswith("fuse.tiercache ") and len(fields) > 4 and fields[4] == escaped:
+            return fields[2]
+    return None

@@ -1,0 +1,62 @@
+"""Is FUSE usable here: the binding, the libfuse library, ``fusermount`` and ``/dev/fuse``."""
+
+from __future__ import annotations
+
+import ctypes.util
+import os
+import shutil
+from dataclasses import dataclass
+
+INSTALL_HINT = (
+    "install FUSE: apt-get install fuse3 (Debian/Ubuntu) or dnf install fuse3 (Fedora), "
+    "and the binding: pip install 'tiercache[mount]'"
+)
+
+
+@dataclass(frozen=True)
+class FuseSupport:
+    """What a mount needs, each with the problem that stops it (None: fine)."""
+
+    binding: str | None
+    library: str | None
+    fusermount: str | None
+    device: str | None
+
+    @property
+    def problems(self) -> list[str]:
+        return [p for p in (self.binding, self.library, self.fusermount, self.device) if p]
+
+    @property
+    def usable(self) -> bool:
+        return not self.problems
+
+
+def fusermount_path() -> str | None:
+    """The setuid helper libfuse mounts and unmounts with (``fusermount3`` for libfuse 3)."""
+    return shutil.which("fusermount3") or shutil.which("fusermount")
+
+
+def fuse_support() -> FuseSupport:
+    """Check each piece without mounting anything."""
+    library = None
+    if not (ctypes.util.find_library("fuse3") or ctypes.util.find_library("fuse")):
+        library = f"the libfuse library is not installed ({INSTALL_HINT})"
+    binding = None
+    if library is None:
+        try:
+            # Importing the binding loads libfuse, so it is tried only once the library exists.
+            import mfusepy  # noqa: F401, PLC0415
+        except ImportError:
+            binding = "the FUSE binding mfusepy is not installed (pip install 'tiercache[mount]')"
+        except (OSError, AttributeError) as exc:
+            binding = f"the FUSE binding cannot load libfuse: {exc} ({INSTALL_HINT})"
+    fusermount = None
+    if fusermount_path() is None:
+        fusermount = f"fusermount3 is not installed ({INSTALL_HINT})"
+    device = None
+    if not os.path.exists("/dev/fuse"):
+        device = "/dev/fuse is missing (load the fuse module: modprobe fuse; in a container, "
+        device += "pass --device /dev/fuse --cap-add SYS_ADMIN)"
+    elif not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        device = "/dev/fuse is not readable and writable by this user (add it to group fuse)"
+    return FuseSupport(binding, library, fusermount, device)

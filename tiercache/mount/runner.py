@@ -1,0 +1,126 @@
+"""Serving a mount in the foreground: the FUSE binding, kernel options and the counters file."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tiercache.mount.binding import fuse_class
+from tiercache.mount.control import MountError, state_path
+from tiercache.mount.operations import MountOperations, MountOptions
+
+log = logging.getLogger("tiercache.mount")
+
+_STATS_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class MountSpec:
+    """What to serve where, and how."""
+
+    url: str
+    bucket: str
+    prefix: str
+    mountpoint: str
+    read_only: bool = False
+    attr_ttl: float = 1.0
+    allow_other: bool = False
+    debug: bool = False
+
+
+def kernel_options(spec: MountSpec) -> dict[str, Any]:
+    """Mount options for libfuse; the source names the URL (never a credential)."""
+    options: dict[str, Any] = {
+        "fsname": f"tiercache:{spec.url}",
+        "subtype": "tiercache",
+        "default_permissions": True,  # the kernel checks the modes getattr reports
+        "attr_timeout": spec.attr_ttl,
+        "entry_timeout": spec.attr_ttl,
+        "negative_timeout": spec.attr_ttl,
+        # A killed mount process is unmounted by fusermount3 instead of leaving a dead mount.
+        "auto_unmount": True,
+    }
+    if spec.read_only:
+        options["ro"] = True
+    if spec.allow_other:
+        options["allow_other"] = True
+    return options
+
+
+def operation_options(spec: MountSpec, consistency: str) -> MountOptions:
+    """Kernel page cache: kept across opens only when objects never change (immutable).
+
+    In the other modes the kernel drops a file's cached pages at each open (FUSE's default),
+    so a reader sees a replaced object the next time it opens it.
+    """
+    return MountOptions(
+        read_only=spec.read_only,
+        attr_ttl=spec.attr_ttl,
+        keep_cache=consistency == "immutable",
+        direct_io=False,
+    )
+
+
+def serve(spec: MountSpec, fs: Any) -> None:
+    """Mount and serve until unmounted (blocks). Raises ``MountError`` if libfuse fails."""
+    fuse = fuse_class(spec.mountpoint)
+    logging.basicConfig(
+        level=logging.DEBUG if spec.debug else logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    consistency = fs.config.consistency
+    root = f"{spec.bucket}/{spec.prefix}".rstrip("/")
+    operations = MountOperations(fs, root, operation_options(spec, consistency))
+    stats_file = state_path(fs.config.local_dir, spec.mountpoint, "json")
+    stop = threading.Event()
+    writer = threading.Thread(
+        target=_write_stats, args=(fs, spec, stats_file, stop), name="mount-stats", daemon=True
+    )
+    writer.start()
+    log.info("serving %s on %s (pid %d)", spec.url, spec.mountpoint, os.getpid())
+    try:
+        fuse(
+            operations,
+            spec.mountpoint,
+            raw_fi=True,
+            foreground=True,
+            debug=spec.debug,
+            **kernel_options(spec),
+        )
+    except RuntimeError as exc:  # libfuse printed its reason just before
+        raise MountError(f"libfuse could not serve {spec.mountpoint} (status {exc})") from None
+    finally:
+        stop.set()
+        writer.join(5)
+        try:
+            os.unlink(stats_file)
+        except FileNotFoundError:
+            pass
+        log.info("unmounted %s; uploads still pending: %d", spec.mountpoint, len(fs.pending()))
+
+
+def _write_stats(fs: Any, spec: MountSpec, path: str, stop: threading.Event) -> None:
+    """Publish this process's counters for ``tiercache stats`` (temp file + rename)."""
+    while not stop.wait(_STATS_SECONDS):
+        try:
+            payload = {
+                "mountpoint": spec.mountpoint,
+                "url": spec.url,
+                "pid": os.getpid(),
+                "updated": time.time(),
+                "stats": fs.stats(),
+            }
+            tmp = f"{path}.{os.getpid()}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(payload, f)
+            os.replace(tmp, path)
+        except Exception:
+            log.exception("writing the mount's counters")
