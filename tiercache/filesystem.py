@@ -503,7 +503,7 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         """Evict least-recently-used entries of a tier (``local`` or ``shared``) down to
         ``target_bytes`` (default: the tier's budget). Pinned, open, dirty and in-flight
         entries stay."""
-        chosen = self._tier_named(tier)
+        chosen = self.tier_named(tier)
         target = chosen.max_bytes if target_bytes is None else target_bytes
         report = chosen.evict(target, dry_run=dry_run)
         if not dry_run:
@@ -511,7 +511,8 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
             self._stats.add("bytes_evicted", report.removed_bytes)
         return report
 
-    def _tier_named(self, name: str) -> LocalTier:
+    def tier_named(self, name: str) -> LocalTier:
+        """The ``local`` or the ``shared`` tier (ConfigError when there is no shared tier)."""
         if name == "local":
             return self.tier
         if name == "shared":

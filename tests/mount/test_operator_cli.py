@@ -68,6 +68,34 @@ def test_ls_marks_cached_objects_and_evict_removes_them(
     assert bad.returncode == 1 and "--target must be a byte count" in bad.stderr
 
 
+def test_evict_of_the_shared_tier_keeps_pinned_objects(
+    bucket: str, s3_client: Any, cli: Cli, s3: Any, tmp_path: Path
+) -> None:
+    objects = _fill(bucket, s3_client)
+    shared = str(tmp_path / "shared")
+    fs = TierCacheFileSystem(
+        target_options=s3.target_options(),
+        local_dir=cli.local_dir,
+        shared_dir=shared,
+        skip_instance_cache=True,
+    )
+    fs.pin(f"{bucket}/ds/a.bin")
+    assert fs.cat_file(f"{bucket}/ds/b.bin") == objects["ds/b.bin"]
+    fs.wait_fetches()
+    dry = cli.json(
+        "evict", "--tier", "shared", "--shared-dir", shared, "--dry-run", "--target", "0"
+    )
+    assert dry["tier"] == "shared" and dry["kept_pinned"] == 1
+    assert dry["removed"] == [f"s3://{bucket}/ds/b.bin"]
+    real = cli.json("evict", "--tier", "shared", "--target", "0", TIERCACHE_SHARED_DIR=shared)
+    assert real["removed"] == [f"s3://{bucket}/ds/b.bin"]
+    assert fs.is_cached(f"{bucket}/ds/a.bin", tier="shared")
+    assert not fs.is_cached(f"{bucket}/ds/b.bin", tier="shared")
+    assert fs.is_cached(f"{bucket}/ds/b.bin", tier="local")  # the local tier is left alone
+    missing = cli("evict", "--tier", "shared")
+    assert missing.returncode == 1 and "shared_dir" in missing.stderr
+
+
 def test_ls_of_a_missing_bucket_fails(cli: Cli) -> None:
     done = cli("ls", "s3://tc-no-such-bucket-here")
     assert done.returncode == 1 and done.stderr.startswith("tiercache ls: ")

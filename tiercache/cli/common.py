@@ -26,7 +26,7 @@ class Command(Protocol):
 
 
 def add_tier_flags(parser: argparse.ArgumentParser) -> None:
-    """Flags that choose the cache: ``--config``, ``--local-dir``, ``--local-max-bytes``."""
+    """Flags that choose the cache: config file, local and shared tier directories, budgets."""
     parser.add_argument(
         "--config",
         metavar="PATH",
@@ -39,6 +39,16 @@ def add_tier_flags(parser: argparse.ArgumentParser) -> None:
         "--local-max-bytes",
         metavar="SIZE",
         help="byte budget of the local tier, e.g. 500GiB (default: TIERCACHE_LOCAL_MAX_BYTES)",
+    )
+    parser.add_argument(
+        "--shared-dir",
+        metavar="DIR",
+        help="the shared tier on a filesystem every host mounts (default: TIERCACHE_SHARED_DIR)",
+    )
+    parser.add_argument(
+        "--shared-max-bytes",
+        metavar="SIZE",
+        help="byte budget of the shared tier (default: TIERCACHE_SHARED_MAX_BYTES)",
     )
 
 
@@ -68,7 +78,7 @@ def file_settings(args: argparse.Namespace) -> FileSettings:
 def tier_options(args: argparse.Namespace) -> dict[str, Any]:
     """The tiercache options: flags over environment over the config file over defaults."""
     flags: dict[str, Any] = {}
-    for name in ("local_dir", "local_max_bytes", "consistency"):
+    for name in ("local_dir", "local_max_bytes", "shared_dir", "shared_max_bytes", "consistency"):
         value = getattr(args, name, None)
         if value:
             flags[name] = value

@@ -1,4 +1,4 @@
-"""``tiercache evict``: remove least-recently-used clean objects from the local tier."""
+"""``tiercache evict``: remove least-recently-used clean objects from the local or shared tier."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from tiercache.cli.common import (
 from tiercache.config import parse_size
 from tiercache.errors import ConfigError
 from tiercache.tiers.entry import read_meta
+from tiercache.tiers.local import LocalTier
 
 NAME = "evict"
 HELP = "remove least-recently-used cached objects until the tier is under a target size"
@@ -23,8 +24,10 @@ examples:
   tiercache evict --dry-run --target 0      # what would go if the tier were emptied
   tiercache evict --target 100GiB           # shrink the tier to 100 GiB
   tiercache evict                           # down to the budget (--local-max-bytes)
+  tiercache evict --tier shared --shared-dir /gpfs/cache --dry-run
 
-Objects open for reading, being fetched, or written and not yet uploaded are never removed.
+Objects pinned, open for reading, being fetched, or written and not yet uploaded are never
+removed.
 """
 
 
@@ -40,6 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dry-run", action="store_true", help="show what would be removed; remove nothing"
     )
+    parser.add_argument(
+        "--tier",
+        choices=("local", "shared"),
+        default="local",
+        help="which tier to evict from (shared: needs --shared-dir or TIERCACHE_SHARED_DIR)",
+    )
     add_json_flag(parser)
 
 
@@ -48,18 +57,21 @@ def run(args: argparse.Namespace) -> int:
     target = None if args.target is None else parse_size(args.target, "--target")
     if target is not None and target < 0:
         raise ConfigError("--target must be >= 0")
-    before = fs.tier.usage(fresh=True)
+    tier = fs.tier_named(args.tier)
+    before = tier.usage(fresh=True)
     # Names come from the entries' metadata, which a real eviction removes: read them first.
-    planned = fs.evict(target, dry_run=True)
-    names = {entry_id: _source(fs, entry_id) for entry_id in planned.removed}
-    report = planned if args.dry_run else fs.evict(target, dry_run=False)
+    planned = fs.evict(target, dry_run=True, tier=args.tier)
+    names = {entry_id: _source(tier, entry_id) for entry_id in planned.removed}
+    report = planned if args.dry_run else fs.evict(target, dry_run=False, tier=args.tier)
     result: dict[str, Any] = {
+        "tier": args.tier,
         "dry_run": args.dry_run,
-        "target_bytes": fs.config.local_max_bytes if target is None else target,
+        "target_bytes": tier.max_bytes if target is None else target,
         "usage_before": before,
         "usage_after": report.usage_after,
         "removed_bytes": report.removed_bytes,
         "kept_busy": report.kept_busy,
+        "kept_pinned": report.kept_pinned,
         "removed": [names.get(entry_id) or entry_id for entry_id in report.removed],
     }
     if args.json:
@@ -68,15 +80,17 @@ def run(args: argparse.Namespace) -> int:
     verb = "would remove" if args.dry_run else "removed"
     for name in result["removed"]:
         print(f"{verb}  {name}")
-    kept = f"; {report.kept_busy} kept (open, fetching or not uploaded)"
+    kept = (
+        f"; {report.kept_busy + report.kept_pinned} kept (pinned, open, fetching or not uploaded)"
+    )
     print(
         f"{verb} {len(result['removed'])} object(s), {human_bytes(result['removed_bytes'])}; "
         f"tier {human_bytes(before)} -> {human_bytes(result['usage_after'])}"
-        + (kept if report.kept_busy else "")
+        + (kept if report.kept_busy + report.kept_pinned else "")
     )
     return 0
 
 
-def _source(fs: Any, entry_id: str) -> str | None:
-    meta = read_meta(fs.tier.paths(entry_id).meta)
+def _source(tier: LocalTier, entry_id: str) -> str | None:
+    meta = read_meta(tier.paths(entry_id).meta)
     return meta.source if meta is not None else None
