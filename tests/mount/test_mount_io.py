@@ -119,3 +119,28 @@ def test_writes_reach_the_store_after_flush(
     listed = s3_client.list_objects_v2(Bucket=bucket, Prefix="out/dd.bin").get("Contents", [])
     assert listed == []
     assert not (mnt / "dd.bin").exists()
+
+
+def test_opening_a_file_prefetches_the_next_ones_of_its_directory(
+    bucket: str, s3_client: Any, cli: Cli, mount: Callable[..., Path], s3: Any
+) -> None:
+    import time
+
+    from tiercache import TierCacheFileSystem
+
+    shards = {f"train/shard-{i}.bin": os.urandom(MiB) for i in range(7)}
+    for key, body in shards.items():
+        s3_client.put_object(Bucket=bucket, Key=key, Body=body)
+    mnt = mount(f"s3://{bucket}/train", "--read-only", "--consistency", "immutable")
+    assert sh("cat", str(mnt / "shard-0.bin")).stdout == shards["train/shard-0.bin"]
+    view = TierCacheFileSystem(
+        target_options=s3.target_options(), local_dir=cli.local_dir, skip_instance_cache=True
+    )
+    ahead = [f"{bucket}/train/shard-{i}.bin" for i in range(1, 5)]  # readahead: 4 (default)
+    deadline = time.monotonic() + 30
+    while not all(view.is_cached(path) for path in ahead):
+        assert time.monotonic() < deadline, [view.is_cached(p) for p in ahead]
+        time.sleep(0.05)
+    assert not view.is_cached(f"{bucket}/train/shard-6.bin")  # beyond the window of 4
+    for i in range(1, 5):  # read through the mount: the prefetched bytes
+        assert (mnt / f"shard-{i}.bin").read_bytes() == shards[f"train/shard-{i}.bin"]

@@ -14,6 +14,7 @@ from typing import Any
 from tiercache.mount.binding import fuse_class
 from tiercache.mount.control import MountError, state_path
 from tiercache.mount.operations import MountOperations, MountOptions
+from tiercache.mount.readahead import DirectoryReadAhead
 
 log = logging.getLogger("tiercache.mount")
 
@@ -77,7 +78,9 @@ def serve(spec: MountSpec, fs: Any) -> None:
     )
     consistency = fs.config.consistency
     root = f"{spec.bucket}/{spec.prefix}".rstrip("/")
-    operations = MountOperations(fs, root, operation_options(spec, consistency))
+    # Opening a file prefetches the next ones of its directory (``readahead``; 0: off).
+    observer = DirectoryReadAhead(fs, root, fs.config.readahead) if fs.config.readahead else None
+    operations = MountOperations(fs, root, operation_options(spec, consistency), observer)
     stats_file = state_path(fs.config.local_dir, spec.mountpoint, "json")
     stop = threading.Event()
     writer = threading.Thread(
