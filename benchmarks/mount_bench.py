@@ -10,17 +10,15 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import common
-import xxhash
 from common import REPO, Endpoint, MiB, VerifyError
+from read_bench import Shard, build_dataset
 
 from tiercache import TierCacheFileSystem
 
@@ -47,14 +45,6 @@ RATIOS: tuple[tuple[str, str, str, float | None], ...] = (
     ("mount_warm / fsspec_warm", "mount_warm", "fsspec_warm", None),
     ("mount_cold / fsspec_cold", "mount_cold", "fsspec_cold", None),
 )
-
-
-@dataclass(frozen=True)
-class Shard:
-    key: str
-    path: str
-    size: int
-    digest: str
 
 
 @dataclass
@@ -102,25 +92,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.shards < 1 or args.shard_mib <= 0 or args.chunk_mib <= 0 or args.repeat < 1:
         p.error("--shards, --shard-mib, --chunk-mib and --repeat must be positive")
     return args
-
-
-def build_dataset(client: Any, args: argparse.Namespace, tmp: Path) -> tuple[str, list[Shard]]:
-    bucket = f"tiercache-mbench-{uuid.uuid4().hex[:12]}"
-    client.create_bucket(Bucket=bucket)
-    local = tmp / "local"
-    local.mkdir()
-    size = int(args.shard_mib * MiB)
-
-    def make(i: int) -> Shard:
-        data = os.urandom(size)
-        key = f"shards/shard-{i:05d}.bin"
-        path = local / f"shard-{i:05d}.bin"
-        path.write_bytes(data)
-        client.put_object(Bucket=bucket, Key=key, Body=data)
-        return Shard(key, str(path), size, xxhash.xxh3_128_hexdigest(data))
-
-    with ThreadPoolExecutor(4) as pool:
-        return bucket, list(pool.map(make, range(args.shards)))
 
 
 def drain(f: Any, chunk: int) -> list[Any]:
@@ -259,7 +230,8 @@ def print_report(result: dict[str, Any]) -> None:
 
 def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[str, Any]:
     client = common.make_client(endpoint)
-    bucket, shards = build_dataset(client, args, tmp)
+    dataset = build_dataset(client, args, tmp)
+    bucket, shards = dataset.bucket, dataset.shards
     ctx = Context(args, endpoint, bucket, shards, tmp)
     for _ in range(args.repeat):
         run_repeat(ctx)

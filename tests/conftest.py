@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -100,3 +101,22 @@ def make_fs(s3: S3Endpoint, tmp_path: Path) -> Callable[..., TierCacheFileSystem
         )
 
     return build
+
+
+@pytest.fixture
+def small_tier(tmp_path: Path) -> Iterator[Path]:
+    """An 8 MiB tmpfs mounted for the test (needs root, as CI and development machines have)."""
+    mountpoint = tmp_path / "small"
+    mountpoint.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m,mode=700", "tmpfs", str(mountpoint)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False)

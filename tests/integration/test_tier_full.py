@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,25 +11,6 @@ import pytest
 from tiercache import TierCacheFileSystem, TierFullError
 
 MiB = 1024 * 1024
-
-
-@pytest.fixture
-def small_tier(tmp_path: Path) -> Iterator[Path]:
-    """An 8 MiB tmpfs mounted for the test (needs root, as CI and development machines have)."""
-    mountpoint = tmp_path / "small"
-    mountpoint.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m,mode=700", "tmpfs", str(mountpoint)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
 
 
 def _fs(s3: Any, tier: Path, **options: Any) -> TierCacheFileSystem:

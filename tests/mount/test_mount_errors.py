@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -156,25 +156,6 @@ def test_bad_mount_input_says_what_to_do(
     assert os.listdir(empty) == []
     for done in [cli("mount", f"s3://{bucket}", str(empty), **no_keys)]:
         assert s3.secret not in done.stdout + done.stderr
-
-
-@pytest.fixture
-def small_tier(tmp_path: Path) -> Iterator[Path]:
-    """An 8 MiB tmpfs for the local tier (needs root, as CI and development machines have)."""
-    mountpoint = tmp_path / "small"
-    mountpoint.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m,mode=700", "tmpfs", str(mountpoint)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
 
 
 def test_a_full_tier_answers_enospc_and_commits_nothing(
