@@ -92,6 +92,8 @@ def test_evict_of_the_shared_tier_keeps_pinned_objects(
     assert fs.is_cached(f"{bucket}/ds/a.bin", tier="shared")
     assert not fs.is_cached(f"{bucket}/ds/b.bin", tier="shared")
     assert fs.is_cached(f"{bucket}/ds/b.bin", tier="local")  # the local tier is left alone
+    status = cli.json("status", "--shared-dir", shared)
+    assert status["shared_usage_bytes"] == len(objects["ds/a.bin"])  # the pinned one
     missing = cli("evict", "--tier", "shared")
     assert missing.returncode == 1 and "shared_dir" in missing.stderr
 

@@ -16,6 +16,7 @@ from tiercache.cli.common import (
 from tiercache.journal import Journal
 from tiercache.mount.control import active_mounts
 from tiercache.tiers.local import LocalTier
+from tiercache.tiers.shared import SharedTier
 
 NAME = "status"
 HELP = "tier usage, uploads still pending and active mounts (no store access)"
@@ -63,6 +64,12 @@ def run(args: argparse.Namespace) -> int:
             for m in active_mounts()
         ],
     }
+    if config.shared_dir is not None:
+        file_mode, dir_mode = config.shared_modes
+        shared = SharedTier(config.shared_dir, config.shared_max_bytes, file_mode, dir_mode)
+        report["shared_dir"] = shared.root
+        report["shared_usage_bytes"] = shared.usage(fresh=True)
+        report["shared_max_bytes"] = config.shared_max_bytes
     if args.json:
         print_json(report)
         return 0
@@ -72,6 +79,12 @@ def run(args: argparse.Namespace) -> int:
         f"of {human_bytes(report['local_max_bytes'])}"
     )
     print(f"  pending   {len(pending)} upload(s), {human_bytes(report['pending_bytes'])}")
+    if "shared_dir" in report:
+        print(f"shared tier {report['shared_dir']}")
+        print(
+            f"  usage     {human_bytes(report['shared_usage_bytes'])} "
+            f"of {human_bytes(report['shared_max_bytes'])}"
+        )
     for row in pending:
         print(f"    {row['name']}  {human_bytes(row['size'])}  waiting {row['age_s']:.0f} s")
     print(f"mounts      {len(report['mounts'])}")
