@@ -23,12 +23,19 @@ from tiercache.cached_file import CachedFile
 from tiercache.config import TierCacheConfig
 from tiercache.direct_file import DirectFile
 from tiercache.errors import ConfigError, ObjectNotFoundError, TierFullError
+from tiercache.listing import (
+    add_parent_dirs,
+    entry_row,
+    file_row,
+    merge_rows,
+    pending_rows,
+)
 from tiercache.prefetch import Budget, PrefetchHandle, ReadAhead
 from tiercache.prefetch.targets import check_tier, expand
 from tiercache.read_path import source_url
 from tiercache.runtime import runtime_for
 from tiercache.staged_write import Committer, StagedWriteFile
-from tiercache.store.base import ListEntry, ObjectInfo, ObjectStore
+from tiercache.store.base import ObjectInfo, ObjectStore
 from tiercache.store.retry import RetryPolicy
 from tiercache.store.s3_options import S3Options
 from tiercache.tiers.local import EvictionReport, LocalTier
@@ -219,9 +226,9 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         ):
             meta = entry.meta
             info = ObjectInfo(bucket, key, meta.size, meta.etag, meta.last_modified)
-            return _file_dict(info, cached=True)
+            return file_row(info, cached=True)
         try:
-            return _file_dict(self.store.head(bucket, key), cached=entry is not None)
+            return file_row(self.store.head(bucket, key), cached=entry is not None)
         except ObjectNotFoundError:
             listed = next(iter(self.store.list_objects(bucket, key + "/", "/")), None)
             if listed is not None or self._pending_under(bucket, key + "/"):
@@ -241,11 +248,11 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
             # of the two (read the other way round it could be in neither).
             pending = self._pending_rows(bucket, prefix, nested=False)
             rows = [
-                _entry_dict(e)
+                entry_row(e)
                 for e in self.store.list_objects(bucket, prefix, "/")
                 if e.key != prefix
             ]
-            rows = _merge_rows(rows, pending)
+            rows = merge_rows(rows, pending)
             if not rows and key:
                 info = self.info(path)
                 if info["type"] == "file":
@@ -269,14 +276,14 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         found: dict[str, dict[str, Any]] = {}
         pending = self._pending_rows(bucket, prefix, nested=True)  # first: see ls
         listed = [
-            _entry_dict(e)
+            entry_row(e)
             for e in self.store.list_objects(bucket, prefix, None)
             if not e.key.endswith("/")  # zero-byte "directory marker" objects
         ]
-        for row in _merge_rows(listed, pending):
+        for row in merge_rows(listed, pending):
             found[row["name"]] = row
             if withdirs:
-                _add_parent_dirs(found, path, row["name"])
+                add_parent_dirs(found, path, row["name"])
         if key and (withdirs and found):
             found[path] = {"name": path, "type": "directory", "size": 0}
         if not found and key:
@@ -427,23 +434,8 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         return bool(self._runtime.write_behind.pending(f"{bucket}/{prefix}"))
 
     def _pending_rows(self, bucket: str, prefix: str, nested: bool) -> list[dict[str, Any]]:
-        """Listing rows for pending writes under ``prefix``: files, or directories above them."""
-        rows = []
-        for record in self._runtime.write_behind.pending(f"{bucket}/{prefix}"):
-            rest = record.key[len(prefix) :]
-            if not nested and "/" in rest:
-                name = f"{bucket}/{prefix}{rest.split('/', 1)[0]}"
-                rows.append({"name": name, "type": "directory", "size": 0})
-            else:
-                rows.append(
-                    {
-                        "name": f"{bucket}/{record.key}",
-                        "type": "file",
-                        "size": record.size,
-                        "pending": True,
-                    }
-                )
-        return rows
+        records = self._runtime.write_behind.pending(f"{bucket}/{prefix}")
+        return pending_rows(records, bucket, prefix, nested)
 
     def _cancel_pending(self, bucket: str, key: str) -> None:
         """Drop a pending upload (waiting for one in flight): a newer write or a delete wins."""
@@ -572,43 +564,3 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
             out["shared_max_bytes"] = shared.max_bytes
             out["leases_broken"] = shared.leases.broken
         return out
-
-
-def _file_dict(info: ObjectInfo, cached: bool) -> dict[str, Any]:
-    return {
-        "name": f"{info.bucket}/{info.key}",
-        "type": "file",
-        "size": info.size,
-        "ETag": info.etag,
-        "mtime": info.last_modified,
-        "cached": cached,
-    }
-
-
-def _entry_dict(entry: ListEntry) -> dict[str, Any]:
-    if entry.type == "directory":
-        return {"name": f"{entry.bucket}/{entry.key}", "type": "directory", "size": 0}
-    return {
-        "name": f"{entry.bucket}/{entry.key}",
-        "type": "file",
-        "size": entry.size,
-        "ETag": entry.etag,
-        "mtime": entry.last_modified,
-    }
-
-
-def _merge_rows(
-    listed: list[dict[str, Any]], pending: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """Store rows plus pending writes; a pending file replaces the stored one of its name."""
-    merged = {(r["name"], r["type"]): r for r in listed}
-    for row in pending:
-        merged[(row["name"], row["type"])] = row
-    return list(merged.values())
-
-
-def _add_parent_dirs(found: dict[str, dict[str, Any]], root: str, name: str) -> None:
-    parent = name.rsplit("/", 1)[0]
-    while len(parent) > len(root) and parent not in found:
-        found[parent] = {"name": parent, "type": "directory", "size": 0}
-        parent = parent.rsplit("/", 1)[0]
