@@ -71,6 +71,28 @@ def test_json_summary_then_everything_is_cached(
     assert "5 object(s): 0 fetched, 5 already cached, 0 failed" in again.stdout
 
 
+def test_tier_shared_fills_the_shared_tier_only(
+    s3: Any, s3_client: Any, bucket: str, tmp_path: Path
+) -> None:
+    from tiercache import TierCacheFileSystem
+
+    keys = _put(s3_client, bucket, 3)
+    env = {**_env(s3, tmp_path), "TIERCACHE_SHARED_DIR": str(tmp_path / "shared")}
+    done = _cli(f"s3://{bucket}/train/", "--tier", "shared", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["fetched"] == 3
+    view = TierCacheFileSystem(
+        target_options=s3.target_options(),
+        local_dir=str(tmp_path / "tier"),
+        shared_dir=str(tmp_path / "shared"),
+        skip_instance_cache=True,
+    )
+    assert all(view.is_cached(f"{bucket}/{k}", tier="shared") for k in keys)
+    assert not any(view.is_cached(f"{bucket}/{k}", tier="local") for k in keys)
+    refused = _cli(f"s3://{bucket}/train/", "--tier", "shared", env=_env(s3, tmp_path))
+    assert refused.returncode == 1 and "shared tier" in refused.stderr
+
+
 def test_a_failed_object_fails_the_command(
     s3: Any, s3_client: Any, bucket: str, tmp_path: Path, proxy: FaultProxy
 ) -> None:
