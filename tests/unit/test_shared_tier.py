@@ -266,3 +266,15 @@ def test_prefetch_into_the_shared_tier_fills_it_for_the_other_hosts(tmp_path: Pa
     gets = _gets(store)
     assert [other.cat_file(p) for p in blobs] == list(blobs.values())
     assert _gets(store) == gets
+
+
+def test_eviction_breaks_the_lease_a_dead_fetcher_left(tmp_path: Path) -> None:
+    store, blobs = _store(1)
+    path = next(iter(blobs))
+    fs = _host(tmp_path, store, socket.gethostname())
+    fs.cat_file(path)
+    fs.wait_fetches()
+    shared = fs.tier_named("shared")
+    entry_id = fs.read_path.entry_id("b", path[2:])
+    _plant(Path(shared.paths(entry_id).lock), socket.gethostname(), _dead_pid())
+    assert fs.evict(0, tier="shared").removed_bytes == len(blobs[path])

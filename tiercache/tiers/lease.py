@@ -117,7 +117,7 @@ class LeaseLock:
             token = self.try_acquire(path)
             if token is not None:
                 return token
-            self._break_if_stale(path)
+            self.break_if_stale(path)
             if time.monotonic() >= deadline:
                 owner = LeaseOwner.read(path)
                 held_by = f" (held by {owner.host} pid {owner.pid})" if owner else ""
@@ -170,7 +170,8 @@ class LeaseLock:
             and not _process_alive(owner.pid)
         )
 
-    def _break_if_stale(self, path: str) -> None:
+    def break_if_stale(self, path: str) -> None:
+        """Remove the lease at ``path`` if its owner is dead (see the module docstring)."""
         if not self._is_stale(path):
             return
         guard = path + ".break"

@@ -108,6 +108,7 @@ class SharedTier(LocalTier):
         return False  # published durably: see the module docstring
 
     def _try_entry_lock(self, paths: EntryPaths) -> object | None:
+        self.leases.break_if_stale(paths.lock)  # a dead fetcher's lease must not pin an entry
         token = self.leases.try_acquire(paths.lock)
         return None if token is None else _Held(token)
 
