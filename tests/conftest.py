@@ -26,8 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # Tests flush explicitly; an upload a test leaves pending must not hold the run at exit.
 os.environ.setdefault("TIERCACHE_EXIT_FLUSH_TIMEOUT", "2")
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests" / "faults"))  # the fault proxy, for every test folder
 
 import s3server  # noqa: E402
+from proxy import FaultProxy  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -120,3 +122,10 @@ def small_tier(tmp_path: Path) -> Iterator[Path]:
         yield mountpoint
     finally:
         subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+
+
+@pytest.fixture
+def proxy(s3: S3Endpoint) -> Iterator[FaultProxy]:
+    """A fault-injecting proxy in front of the session's server (it also counts requests)."""
+    with FaultProxy(s3.endpoint) as fault_proxy:
+        yield fault_proxy

@@ -10,23 +10,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "faults"))
 from proxy import FaultProxy
 
 MiB = 1024 * 1024
 CLI = [sys.executable, "-m", "tiercache.cli", "prefetch"]
-
-
-@pytest.fixture
-def proxy(s3: Any) -> Iterator[FaultProxy]:
-    with FaultProxy(s3.endpoint) as fault_proxy:
-        yield fault_proxy
 
 
 def _env(s3: Any, tmp_path: Path, endpoint: str | None = None) -> dict[str, str]:
