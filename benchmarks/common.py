@@ -169,6 +169,32 @@ def machine_info(endpoint: Endpoint) -> dict[str, Any]:
     }
 
 
+# A ratio: (name, numerator mode, denominator modes (the fastest counts), target or None).
+RatioSpec = tuple[str, str, tuple[str, ...], float | None]
+
+
+def ratio_rows(
+    modes: dict[str, dict[str, Any]], specs: Iterable[RatioSpec]
+) -> list[dict[str, Any]]:
+    """Each ratio of MiB/s measured in this run, with PASS/MISS against its target."""
+    rows = []
+    for name, numerator, denominators, target in specs:
+        value = modes[numerator]["mib_s"] / max(modes[d]["mib_s"] for d in denominators)
+        row: dict[str, Any] = {"name": name, "value": round(value, 3), "target": target}
+        if target is not None:
+            row["result"] = "PASS" if value >= target else "MISS"
+        rows.append(row)
+    return rows
+
+
+def print_ratio_rows(rows: Iterable[dict[str, Any]], width: int) -> None:
+    """The ratio table: name, value, target and PASS/MISS."""
+    print(f"\n{'ratio':<{width}} {'value':>6} {'target':>7}  result")
+    for row in rows:
+        target = f">={row['target']:g}" if row["target"] is not None else ""
+        print(f"{row['name']:<{width}} {row['value']:>6.3f} {target:>7}  {row.get('result', '')}")
+
+
 def print_notes(notes: Iterable[str]) -> None:
     print("\nnotes:")
     for note in notes:

@@ -39,11 +39,16 @@ NOTES = (
     "Reported value per mode = median seconds over --repeat samples.",
 )
 
-RATIOS: tuple[tuple[str, str, str, float | None], ...] = (
-    ("mount_warm / local_raw (warm tier, every byte through FUSE)", "mount_warm", "local_raw", 0.7),
-    ("mount_warm_pagecache / local_raw", "mount_warm_pagecache", "local_raw", 0.7),
-    ("mount_warm / fsspec_warm", "mount_warm", "fsspec_warm", None),
-    ("mount_cold / fsspec_cold", "mount_cold", "fsspec_cold", None),
+RATIOS: tuple[common.RatioSpec, ...] = (
+    (
+        "mount_warm / local_raw (warm tier, every byte through FUSE)",
+        "mount_warm",
+        ("local_raw",),
+        0.7,
+    ),
+    ("mount_warm_pagecache / local_raw", "mount_warm_pagecache", ("local_raw",), 0.7),
+    ("mount_warm / fsspec_warm", "mount_warm", ("fsspec_warm",), None),
+    ("mount_cold / fsspec_cold", "mount_cold", ("fsspec_cold",), None),
 )
 
 
@@ -201,17 +206,6 @@ def summarize(ctx: Context) -> dict[str, dict[str, Any]]:
     return modes
 
 
-def ratios(modes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    rows = []
-    for name, numerator, denominator, target in RATIOS:
-        value = modes[numerator]["mib_s"] / modes[denominator]["mib_s"]
-        row: dict[str, Any] = {"name": name, "value": round(value, 3), "target": target}
-        if target is not None:
-            row["result"] = "PASS" if value >= target else "MISS"
-        rows.append(row)
-    return rows
-
-
 def print_report(result: dict[str, Any]) -> None:
     params = result["params"]
     print(
@@ -221,10 +215,7 @@ def print_report(result: dict[str, Any]) -> None:
     print(f"{'mode':<24} {'MiB':>7} {'seconds':>8} {'MiB/s':>8}")
     for mode, row in result["modes"].items():
         print(f"{mode:<24} {row['bytes'] / MiB:>7.0f} {row['seconds']:>8.3f} {row['mib_s']:>8.1f}")
-    print(f"\n{'ratio':<62} {'value':>6} {'target':>7}  result")
-    for row in result["ratios"]:
-        target = f">={row['target']:g}" if row["target"] is not None else ""
-        print(f"{row['name']:<62} {row['value']:>6.3f} {target:>7}  {row.get('result', '')}")
+    common.print_ratio_rows(result["ratios"], 62)
     common.print_notes(result["notes"])
 
 
@@ -246,7 +237,7 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[s
         },
         "machine": common.machine_info(endpoint),
         "modes": modes,
-        "ratios": ratios(modes),
+        "ratios": common.ratio_rows(modes, RATIOS),
         "notes": list(NOTES),
     }
 

@@ -359,7 +359,7 @@ def run_repeat(ctx: Context) -> None:
 
 # -- results -----------------------------------------------------------------------------------
 
-RATIOS: tuple[tuple[str, str, tuple[str, ...], float | None], ...] = (
+RATIOS: tuple[common.RatioSpec, ...] = (
     ("tiercache_warm / local_raw", "tiercache_warm", ("local_raw",), 0.9),
     (
         "tiercache_cold / fsspec_simplecache_cold",
@@ -402,17 +402,6 @@ def summarize(ctx: Context) -> dict[str, dict[str, Any]]:
     return modes
 
 
-def ratios(modes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    rows = []
-    for name, numerator, denominators, target in RATIOS:
-        value = modes[numerator]["mib_s"] / max(modes[d]["mib_s"] for d in denominators)
-        row: dict[str, Any] = {"name": name, "value": round(value, 3), "target": target}
-        if target is not None:
-            row["result"] = "PASS" if value >= target else "MISS"
-        rows.append(row)
-    return rows
-
-
 def print_report(result: dict[str, Any]) -> None:
     params = result["params"]
     print(
@@ -426,10 +415,7 @@ def print_report(result: dict[str, Any]) -> None:
             f"{mode:<26} {row['bytes'] / MiB:>7.0f} {row['seconds']:>8.3f} {row['mib_s']:>8.1f} "
             f"{row['client_cpu_s']:>6.2f} {srv:>9}"
         )
-    print(f"\n{'ratio':<64} {'value':>6} {'target':>7}  result")
-    for row in result["ratios"]:
-        target = f">={row['target']:g}" if row["target"] is not None else ""
-        print(f"{row['name']:<64} {row['value']:>6.3f} {target:>7}  {row.get('result', '')}")
+    common.print_ratio_rows(result["ratios"], 64)
     common.print_notes(result["notes"])
 
 
@@ -457,7 +443,7 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[s
             },
             "machine": common.machine_info(endpoint),
             "modes": modes,
-            "ratios": ratios(modes),
+            "ratios": common.ratio_rows(modes, RATIOS),
             **ctx.extras,
             "notes": list(NOTES),
         }
