@@ -84,15 +84,14 @@ class ReadPath:
 
     def cached(self, bucket: str, key: str) -> CachedEntry | None:
         """The published entry of an object, without validating it against the store."""
-        return self._tier.lookup(
-            self.entry_id(bucket, key), self._store.namespace, source_url(bucket, key)
-        )
+        return self._lookup(self._tier, bucket, key)
 
     def cached_shared(self, bucket: str, key: str) -> CachedEntry | None:
         """The object's entry in the shared tier (None without one), not validated."""
-        if self._shared is None:
-            return None
-        return self._shared.lookup(
+        return None if self._shared is None else self._lookup(self._shared, bucket, key)
+
+    def _lookup(self, tier: LocalTier, bucket: str, key: str) -> CachedEntry | None:
+        return tier.lookup(
             self.entry_id(bucket, key), self._store.namespace, source_url(bucket, key)
         )
 
@@ -150,21 +149,16 @@ class ReadPath:
         if local and self._usable(self._tier, bucket, key) is not None:
             return None
         if self._shared is not None:
-            entry = self._usable(self._shared, bucket, key)
-            if entry is not None:
-                if local:
-                    self._authorize(entry, bucket, key)
-                    if self._config.shared_policy == "promote":
-                        with contextlib.suppress(OSError, CacheTimeoutError):
-                            self._promote(entry)
+            if local:
+                if self._from_shared(self._shared, bucket, key) is not None:
+                    return None
+            elif self._usable(self._shared, bucket, key) is not None:
                 return None
         return self._join_or_start(bucket, key, promote=local)
 
     def _usable(self, tier: LocalTier, bucket: str, key: str) -> CachedEntry | None:
         """The tier's entry of the object, checked (digest, per ``verify``) and validated."""
-        entry = tier.lookup(
-            self.entry_id(bucket, key), self._store.namespace, source_url(bucket, key)
-        )
+        entry = self._lookup(tier, bucket, key)
         if entry is not None and (self._config.verify == "always" or tier.needs_check(entry)):
             entry = self._check_digest(tier, entry)
         if entry is not None:
@@ -188,20 +182,30 @@ class ReadPath:
 
     def _open_shared(self, shared: SharedTier, bucket: str, key: str) -> OpenedObject | None:
         """Serve a shared-tier hit, from a local copy (``promote``) or in place (``serve``)."""
+        found = self._from_shared(shared, bucket, key)
+        if found is None:
+            return None
+        entry, local = found
+        if local is not None:
+            opened = self._open_entry(self._tier, local, "hits")
+            if opened is not None:
+                return opened
+        return self._open_entry(shared, entry, "shared_hits")
+
+    def _from_shared(
+        self, shared: SharedTier, bucket: str, key: str
+    ) -> tuple[CachedEntry, CachedEntry | None] | None:
+        """A valid shared entry this reader may read, and its local copy if it was promoted."""
         entry = self._usable(shared, bucket, key)
         if entry is None:
             return None
         self._authorize(entry, bucket, key)
-        if self._config.shared_policy == "promote":
-            try:
-                local = self._promote(entry)
-            except (OSError, CacheTimeoutError):
-                pass  # no room or no lock in the local tier: read the shared copy in place
-            else:
-                opened = self._open_entry(self._tier, local, "hits")
-                if opened is not None:
-                    return opened
-        return self._open_entry(shared, entry, "shared_hits")
+        if self._config.shared_policy != "promote":
+            return entry, None
+        try:
+            return entry, self._promote(entry)
+        except (OSError, CacheTimeoutError):
+            return entry, None  # no room or no lock in the local tier: read it in place
 
     def _promote(self, entry: CachedEntry) -> CachedEntry:
         local = promote(entry, self._tier, self._config.lock_timeout)
