@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -23,7 +22,8 @@ from tiercache.digest import xxh3_file
 from tiercache.errors import ObjectChangedError, StoreUnavailableError
 from tiercache.stats import Stats
 from tiercache.store.base import ObjectInfo, ObjectStore
-from tiercache.store.retry import RetryableError, RetryPolicy
+from tiercache.store.download import copy_range
+from tiercache.store.retry import RetryPolicy
 from tiercache.tiers.blocks import BlockEntry
 from tiercache.tiers.entry import EntryMeta
 from tiercache.tiers.local import LocalTier, remove_file
@@ -172,41 +172,19 @@ class BlockFetcher:
         start, end = entry.block_range(index)
         self._tier.reserve(end - start)
         try:
-            data = self._get(src, entry.meta.etag, start, end)
+            data = self._get(src, entry, start, end)
             entry.write_block(index, data, xxhash.xxh3_64_hexdigest(data))
         finally:
             self._tier.release(end - start)
         self._stats.add("blocks_fetched")
         self._stats.add("bytes_fetched", end - start)
 
-    def _get(self, src: BlockSource, etag: str, start: int, end: int) -> bytes:
-        """One ranged GET, resumed where a broken stream stopped."""
-        buffer = bytearray(end - start)
-        view = memoryview(buffer)
-        got = 0
-        failures = 0
-        while got < len(buffer):
-            try:
-                stream = self._store.open_range(
-                    src.bucket, src.key, start + got, end, if_match=etag
-                )
-                try:
-                    while got < len(buffer):
-                        count = stream.readinto(view[got:])
-                        if not count:
-                            raise RetryableError(f"body ended at byte {start + got} of {end}")
-                        got += count
-                finally:
-                    stream.close()
-            except RetryableError as exc:
-                failures += 1
-                if failures >= self._retry.attempts:
-                    raise StoreUnavailableError(
-                        f"GetObject {src.source} bytes {start}-{end}: failed after "
-                        f"{failures} attempts: {exc}"
-                    ) from exc
-                time.sleep(self._retry.delay(failures))
-        return bytes(buffer)
+    def _get(self, src: BlockSource, entry: BlockEntry, start: int, end: int) -> bytes:
+        """One ranged GET pinned to the entry's ETag, resumed where a broken stream stopped."""
+        info = ObjectInfo(src.bucket, src.key, entry.meta.size, entry.meta.etag)
+        block = _BlockBuffer(start, end - start)
+        copy_range(self._store, info, block, start, end, self._retry, None)
+        return bytes(block.data)
 
     def _complete(self, entry_id: str, src: BlockSource) -> None:
         try:
@@ -214,19 +192,7 @@ class BlockFetcher:
             if entry is None:
                 return
             try:
-                futures = []
-                for index in range(entry.blocks):
-                    if entry.has(index):
-                        continue
-                    event, leader = self._claim(entry, index)
-                    if leader:
-                        futures.append(
-                            self._executor().submit(self._lead, entry, src, index, event)
-                        )
-                    else:
-                        event.wait()
-                for future in futures:
-                    future.result()
+                self.ensure(entry, src, 0, entry.meta.size)  # every block still missing
                 entry.refresh()
                 if entry.present_count() == entry.blocks:
                     self._graduate(entry)
@@ -272,3 +238,18 @@ class BlockFetcher:
                 with contextlib.suppress(OSError):
                     remove_file(path)
         self._stats.add("block_entries_completed")
+
+
+class _BlockBuffer:
+    """A ``RangeSink`` that collects the bytes of one block in memory."""
+
+    def __init__(self, start: int, size: int) -> None:
+        self.data = bytearray(size)
+        self._start = start
+
+    def begin(self, info: ObjectInfo) -> None:
+        pass  # the block's object is known already
+
+    def write(self, offset: int, data: memoryview) -> None:
+        at = offset - self._start
+        self.data[at : at + len(data)] = data

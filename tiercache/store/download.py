@@ -108,14 +108,14 @@ def _worker(
 ) -> None:
     try:
         if opened is not None:
-            _copy_range(store, info, sink, opened.start, opened.end, retry, opened)
+            copy_range(store, info, sink, opened.start, opened.end, retry, opened)
         while (part := parts.next()) is not None:
-            _copy_range(store, info, sink, part[0], part[1], retry, None)
+            copy_range(store, info, sink, part[0], part[1], retry, None)
     except BaseException as exc:
         parts.fail(exc)
 
 
-def _copy_range(
+def copy_range(
     store: ObjectStore,
     info: ObjectInfo,
     sink: RangeSink,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiercache.store.base import ObjectInfo
-from tiercache.tiers.entry import write_atomically
+from tiercache.tiers.entry import read_small_file, write_atomically
 from tiercache.tiers.local import LocalTier, block_paths, remove_file
 
 BLOCK_META_VERSION = 1
@@ -49,17 +49,14 @@ class BlockMeta:
 
     @classmethod
     def read(cls, path: str) -> BlockMeta | None:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
+        raw = read_small_file(path, 1 << 16)
+        if raw is None:
             return None
         try:
-            fields: dict[str, Any] = json.loads(os.read(fd, 1 << 16))
+            fields: dict[str, Any] = json.loads(raw)
             meta = cls(**fields)
-        except (OSError, ValueError, TypeError):
+        except (ValueError, TypeError):
             return None
-        finally:
-            os.close(fd)
         ok = (
             meta.version == BLOCK_META_VERSION
             and isinstance(meta.size, int)

@@ -136,14 +136,19 @@ def write_atomically(path: str, payload: bytes, mode: int, durable: bool = True)
 
 def read_meta(path: str) -> EntryMeta | None:
     """Read an entry's metadata; a missing or unreadable file is a miss, not an error."""
+    raw = read_small_file(path, 1 << 20)
+    return None if raw is None else EntryMeta.from_json(raw)
+
+
+def read_small_file(path: str, limit: int) -> bytes | None:
+    """Up to ``limit`` bytes of a tier's small file (never through a link); None if unreadable."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        raw = os.read(fd, 1 << 20)
+        return os.read(fd, limit)
     except OSError:
         return None
     finally:
         os.close(fd)
-    return EntryMeta.from_json(raw)

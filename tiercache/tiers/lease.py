@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from tiercache import forksafe
 from tiercache.errors import CacheTimeoutError
-from tiercache.tiers.entry import current_boot_id
+from tiercache.tiers.entry import current_boot_id, read_small_file
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -43,17 +43,12 @@ class LeaseOwner:
 
     @classmethod
     def read(cls, path: str) -> LeaseOwner | None:
+        data = read_small_file(path, 4096)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            return None
-        try:
-            raw = json.loads(os.read(fd, 4096))
+            raw = json.loads(data or b"")
             return cls(str(raw["host"]), int(raw["pid"]), str(raw["boot_id"]), str(raw["token"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None  # being written, or garbage: judged by its age alone
-        finally:
-            os.close(fd)
+        except (ValueError, KeyError, TypeError):
+            return None  # missing, being written, or garbage: judged by its age alone
 
 
 class Heartbeat:
