@@ -531,10 +531,10 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         handle = PrefetchHandle(engine.cancel)
         if tier == "shared" and shared is not None:
             # For the other hosts: nothing here will read it, so nothing to pin locally.
-            budget = Budget(shared.max_bytes, sticky=True)
+            budget = _fill_budget(shared)
             engine.submit(expand(self, paths), handle, priority, False, (budget,), local=False)
             return handle
-        budgets = () if pin else (Budget(self.config.local_max_bytes, sticky=True),)
+        budgets = () if pin else (_fill_budget(self.tier),)
         engine.submit(expand(self, paths), handle, priority, pin, budgets)
         return handle
 
@@ -564,3 +564,8 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
             out["shared_max_bytes"] = shared.max_bytes
             out["leases_broken"] = shared.leases.broken
         return out
+
+
+def _fill_budget(tier: LocalTier) -> Budget:
+    """A prefetch's share of ``tier``: objects that do not fit are skipped, none evicted."""
+    return Budget(tier.fill_limit(), sticky=True)

@@ -63,7 +63,9 @@ def test_an_asyncio_program_reads_through_the_cache(
     assert out["prefetched"] is True
     stats = out["stats"]
     assert stats["store_requests"]["GetObject"] == 4 + 3  # 4 read objects, 3 prefetched
-    assert stats["fetches_joined"] == 8 and stats["prefetched"] == 3
+    # Seven fetches in all: the other eight readers joined one, or came after it published.
+    assert stats["misses"] == 4 + 3 and stats["prefetched"] == 3
+    assert stats["fetches_joined"] <= 8
     # The sync face on the same options shares the runtime: it sees what the async one cached.
     sync = TierCacheFileSystem(**options)
     sync.wait_fetches()

@@ -106,6 +106,8 @@ class LocalTier:
         self.keep: Callable[[EntryMeta], bool] = lambda meta: False
         self._lock = threading.Lock()
         self._scan_cache: tuple[float, int] | None = None
+        # Publishes begun and ended: a scan that overlaps one may count its entry twice.
+        self._publishes = (0, 0)
         self._reserved = 0
         forksafe.register(self)
 
@@ -239,12 +241,15 @@ class LocalTier:
             os.fsync(fd)
             durable = True
         meta = dataclasses.replace(meta, boot_id=self.boot_id)
+        with self._lock:  # a scan that overlaps the rename is not cached
+            self._publishes = (self._publishes[0] + 1, self._publishes[1])
         remove_file(paths.meta)
         os.rename(src or paths.part, paths.data)
         write_atomically(paths.meta, meta.to_json(), self.file_mode, durable=durable)
         if durable:
             fsync_dir(os.path.dirname(paths.data))
         with self._lock:
+            self._publishes = (self._publishes[0], self._publishes[1] + 1)
             if self._scan_cache is not None:
                 stamp, usage = self._scan_cache
                 self._scan_cache = (stamp, usage + meta.size)
@@ -266,15 +271,34 @@ class LocalTier:
     # -- space -------------------------------------------------------------------------------
 
     def usage(self, fresh: bool = False) -> int:
-        """Bytes held by the tier's entries and fetches in progress."""
+        """Bytes held by the tier's entries and fetches in progress.
+
+        ``fresh`` scans now and counts every part file on disk. Otherwise: published entries
+        as scanned at most a second ago, plus the bytes this process reserved for its fetches
+        (another process's fetch counts once published). A part file is never counted twice,
+        as on disk and as reserved: that started eviction early and took published entries.
+        """
+        if fresh:
+            return sum(row.size for row in self._scan())
         with self._lock:
-            cached = self._scan_cache
-        if not fresh and cached is not None and time.monotonic() - cached[0] < _SCAN_REUSE_SECONDS:
-            return cached[1]
-        total = sum(row.size for row in self._scan())
+            cached, reserved, publishes = self._scan_cache, self._reserved, self._publishes
+        if cached is not None and time.monotonic() - cached[0] < _SCAN_REUSE_SECONDS:
+            return cached[1] + reserved
+        published = sum(row.size for row in self._scan(count_parts=False))
+        self._cache_scan(published, publishes)
+        with self._lock:  # after the scan: a fetch published meanwhile is no longer reserved
+            return published + self._reserved
+
+    def _cache_scan(self, published: int, publishes_before: tuple[int, int]) -> None:
+        """Keep a scan's total unless a publish overlapped it (its entry may count twice)."""
         with self._lock:
-            self._scan_cache = (time.monotonic(), total)
-        return total
+            began, ended = publishes_before
+            clean = began == ended and self._publishes == publishes_before
+            self._scan_cache = (time.monotonic(), published) if clean else None
+
+    def fill_limit(self) -> int:
+        """Bytes of entries the tier holds before fetching one more starts eviction."""
+        return int(self.max_bytes * self.high_watermark)
 
     def reserve(self, nbytes: int) -> None:
         """Make room for ``nbytes`` about to be fetched; count them until ``release``.
@@ -287,7 +311,7 @@ class LocalTier:
             self._reserved += nbytes
             reserved = self._reserved
         free_short = self.free_shortfall(nbytes)
-        if self.usage() + reserved > self.max_bytes * self.high_watermark or free_short:
+        if self.usage() > self.max_bytes * self.high_watermark or free_short:
             # Part files of this process's fetches are in ``reserved`` already: counting them
             # again made concurrent fetches evict up to their own size twice over.
             self.evict(
@@ -321,6 +345,8 @@ class LocalTier:
         Entries that are pinned, open (a reader's shared lock), being fetched or published
         (the entry lock), dirty, or chosen by ``keep`` (the newest checkpoints) are kept.
         """
+        with self._lock:
+            publishes = self._publishes
         rows = sorted(self._scan(count_parts), key=lambda r: r.last_access)
         usage = sum(r.size for r in rows)
         report = EvictionReport()
@@ -336,8 +362,11 @@ class LocalTier:
             else:
                 report.kept_busy += 1
         report.usage_after = usage
-        with self._lock:
-            self._scan_cache = (time.monotonic(), usage)
+        if count_parts or dry_run:  # the cache holds published entries only (see ``usage``)
+            with self._lock:
+                self._scan_cache = None
+        else:
+            self._cache_scan(usage, publishes)
         return report
 
     def _evict_one(self, row: _ScanRow, dry_run: bool) -> bool:
