@@ -250,6 +250,9 @@ class _BlockBuffer:
     def begin(self, info: ObjectInfo) -> None:
         pass  # the block's object is known already
 
-    def write(self, offset: int, data: memoryview) -> None:
+    def next_read(self, offset: int, end: int) -> int:
+        return 0  # no reader to hand chunks to: any size will do
+
+    def write(self, offset: int, data: memoryview | bytes) -> None:
         at = offset - self._start
         self.data[at : at + len(data)] = data

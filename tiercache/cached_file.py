@@ -106,6 +106,9 @@ class CachedFile(SeekableReader):
         self._checkClosed()
         if size is None or size < 0:
             size = self.size - self._pos
+        fetch = self._fetch
+        if fetch is not None:
+            fetch.expect_read(self._pos, max(0, min(size, self.size - self._pos)))
         count = self._available(self._pos, size)
         if count == 0:
             return b""
@@ -115,7 +118,10 @@ class CachedFile(SeekableReader):
             while got < count and (step := self._read_direct(memoryview(buffer)[got:])):
                 got += step
             return bytes(buffer[:got])
-        if count <= _MAX_PREAD:
+        handed = fetch.take(self._pos, count) if fetch is not None else None
+        if handed is not None:
+            data = handed  # the chunk the fetch just wrote to the tier: no copy back
+        elif count <= _MAX_PREAD:
             data = os.pread(self._fd, count, self._pos)
         else:
             buffer = bytearray(count)
@@ -140,6 +146,8 @@ class CachedFile(SeekableReader):
 
     def close(self) -> None:
         if not self.closed:
+            if self._fetch is not None:
+                self._fetch.detach_reader()
             os.close(self._fd)  # also releases the shared lock that guards against eviction
             if self._direct is not None:
                 self._direct.close()

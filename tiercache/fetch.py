@@ -5,6 +5,10 @@ reader that started it stops early. It holds the entry's inter-process lock for 
 life: other processes on the node wait for it and then find the published entry. The xxh3
 digest is computed while the bytes stream in (parts that arrive out of order are hashed from
 the file once the gap before them fills).
+
+A reader that reads sequentially tells the fetch its position and read size; the download then
+reads chunks of exactly that size, aligned to the reader's reads, and hands each chunk object to
+the reader as it is written to the tier, so the reader copies nothing back from the file.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import contextlib
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +31,12 @@ from tiercache.store.download import CHUNK, download
 from tiercache.store.retry import RetryPolicy
 from tiercache.tiers.entry import CachedEntry, EntryMeta, EntryPaths
 from tiercache.tiers.local import LocalTier, remove_file
+from tiercache.tiers.preallocate import preallocate
+
+# Read sizes handed over as whole chunks: smaller reads cost more per byte in Python than the
+# copy they save; larger ones would hold too much memory per open file.
+_HANDOFF_MIN = 512 * 1024
+_HANDOFF_MAX = 16 * 1024 * 1024
 
 
 class BlockModeRequiredError(Exception):
@@ -81,6 +92,11 @@ class Fetch:
         self._hash_lock = threading.Lock()
         self._hasher = xxhash.xxh3_64()
         self._hashed = 0
+        # The attached reader's next read (offset, size; size 0: none) and the chunks read for
+        # it, newest last, until it takes them.
+        self._reader_next = 0
+        self._reader_size = 0
+        self._handoff: deque[tuple[int, bytes]] = deque(maxlen=2)
         self._fd = -1
         self._reserved = 0
         self._paths: EntryPaths | None = None
@@ -130,7 +146,37 @@ class Fetch:
             if self.error is not None:
                 raise self.error
 
+    def expect_read(self, start: int, size: int) -> None:
+        """A reader reads ``size`` bytes from ``start`` next, and likely the same size after."""
+        with self._cond:
+            if _HANDOFF_MIN <= size <= _HANDOFF_MAX:
+                self._reader_next, self._reader_size = start, size
+            else:
+                self._reader_size = 0
+                self._handoff.clear()
+
+    def take(self, start: int, count: int) -> bytes | None:
+        """The chunk ``[start, start + count)`` if it was read for the reader, else None."""
+        with self._cond:
+            for chunk in self._handoff:
+                if chunk[0] == start and len(chunk[1]) == count:
+                    self._handoff.remove(chunk)
+                    return chunk[1]
+        return None
+
+    def detach_reader(self) -> None:
+        """The reader closed: read any size again and drop the chunks kept for it."""
+        self.expect_read(0, 0)
+
     # -- the download's side (RangeSink) -----------------------------------------------------
+
+    def next_read(self, offset: int, end: int) -> int:
+        with self._cond:
+            size = self._reader_size
+            if not size:
+                return 0
+            # Chunk ends fall where the reader's reads end, so that its next read is one chunk.
+            return size - (offset - self._reader_next) % size
 
     def begin(self, info: ObjectInfo) -> None:
         threshold = self.request.block_threshold
@@ -138,17 +184,25 @@ class Fetch:
             raise BlockModeRequiredError(info)
         self._tier.reserve(info.size)
         self._reserved = info.size
+        preallocate(self._fd, info.size)  # a full disk fails here, before any byte is read
         with self._cond:
             self.info = info
             self._cond.notify_all()
 
-    def write(self, offset: int, data: memoryview) -> None:
+    def write(self, offset: int, data: memoryview | bytes) -> None:
         written = os.pwrite(self._fd, data, offset)
         if written != len(data):
             raise OSError(f"short write to {self._paths}: {written} of {len(data)} bytes")
         self._stats.add("bytes_fetched", len(data))
         with self._cond:
             self._extents.add(offset, offset + len(data))
+            size = self._reader_size
+            if (
+                isinstance(data, bytes)
+                and len(data) == size
+                and (offset - self._reader_next) % size == 0
+            ):
+                self._handoff.append((offset, data))
             prefix = self._extents.prefix_end()
             # Wake readers only when a range one of them waits for is complete: waking a
             # reader for every chunk costs more than the copy it then makes.

@@ -21,8 +21,15 @@ class RangeSink(Protocol):
         """The object's size and ETag are known; called once, before any ``write``."""
         ...
 
-    def write(self, offset: int, data: memoryview) -> None:
-        """Store ``data`` at ``offset``; the buffer is reused once this returns."""
+    def next_read(self, offset: int, end: int) -> int:
+        """How many bytes from ``offset`` to read as one new ``bytes`` object (0: any amount).
+
+        A sink that hands chunks to a reader as they arrive asks for chunks the reader's size.
+        """
+        ...
+
+    def write(self, offset: int, data: memoryview | bytes) -> None:
+        """Store ``data`` at ``offset``; a memoryview's buffer is reused once this returns."""
         ...
 
 
@@ -133,10 +140,9 @@ def copy_range(
             try:
                 if stream is None:
                     stream = store.open_range(info.bucket, info.key, pos, end, if_match=info.etag)
-                count = stream.readinto(buffer[: min(CHUNK, end - pos)])
+                count = _copy_chunk(stream, sink, pos, end, buffer)
                 if not count:
                     raise RetryableError(f"body ended at byte {pos} of {end}")
-                sink.write(pos, buffer[:count])
                 pos += count
             except RetryableError as exc:
                 failures += 1
@@ -153,3 +159,19 @@ def copy_range(
     finally:
         if stream is not None:
             stream.close()
+
+
+def _copy_chunk(
+    stream: ObjectStream, sink: RangeSink, pos: int, end: int, buffer: memoryview
+) -> int:
+    """Move the next chunk from ``stream`` into ``sink``; return its size (0 at the end)."""
+    wanted = sink.next_read(pos, end)
+    if wanted:
+        data = stream.read(min(wanted, end - pos))
+        if data:
+            sink.write(pos, data)
+        return len(data)
+    count = stream.readinto(buffer[: min(CHUNK, end - pos)])
+    if count:
+        sink.write(pos, buffer[:count])
+    return count
