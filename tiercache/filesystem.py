@@ -47,6 +47,7 @@ except ImportError:  # pragma: no cover - older fsspec passes ``fo`` all the sam
 
 _PREFIXES = ("tiercache::", "tiercache://", "s3://", "s3a://")
 _TARGETS = ("s3", "s3a")
+_STATS_SCAN_AGE = 10.0  # seconds a tier scan serves ``stats()``
 
 
 class TierCacheFileSystem(_Base):  # type: ignore[misc]
@@ -550,17 +551,22 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         return ReadAhead(self._runtime.prefetch, expand(self, order), count, window_bytes, priority)
 
     def stats(self) -> dict[str, Any]:
-        """Counters of this process: cache hits/misses/bytes, store requests, tier usage."""
+        """Counters of this process: cache hits/misses/bytes, store requests, tier usage.
+
+        Usage comes from a scan of the tier at most ``_STATS_SCAN_AGE`` seconds old, kept up
+        to date with this process's own fetches and evictions: asking often (a mount publishes
+        its counters every second) does not walk a large tier each time.
+        """
         self._runtime.prefetch.sweep()
         out: dict[str, Any] = {
             **self._stats.snapshot(),
             "store_requests": self.store.request_counts(),
-            "local_usage_bytes": self.tier.usage(fresh=True),
+            "local_usage_bytes": self.tier.usage(max_age=_STATS_SCAN_AGE),
             "local_max_bytes": self.config.local_max_bytes,
         }
         shared = self._runtime.shared
         if shared is not None:
-            out["shared_usage_bytes"] = shared.usage(fresh=True)
+            out["shared_usage_bytes"] = shared.usage(max_age=_STATS_SCAN_AGE)
             out["shared_max_bytes"] = shared.max_bytes
             out["leases_broken"] = shared.leases.broken
         return out

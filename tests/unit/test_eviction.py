@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from tiercache import MemoryStore, TierCacheFileSystem
 
@@ -92,3 +93,40 @@ def test_leftovers_of_a_dead_fetcher_are_reclaimed(tmp_path: Path) -> None:
     assert fs.tier.usage(fresh=True) == 4 * KiB
     assert fs.evict(0).removed_bytes == 4 * KiB
     assert not os.path.exists(paths.part)
+
+
+def test_a_fetch_in_progress_counts_once_not_as_file_and_reservation(tmp_path: Path) -> None:
+    store = MemoryStore(["b"])
+    store.put_bytes("b", "done", os.urandom(300 * KiB))
+    fs = _fs(tmp_path, store, 1000 * KiB)
+    _read(fs, "b/done")
+    tier = fs.tier
+    # A fetch of 600 KiB has written 500 KiB of its part file: 900 KiB, not 1.4 MiB.
+    paths = tier.paths(tier.entry_id("memory:", "b", "big"))
+    tier.reserve(600 * KiB)
+    fd = tier.create_part(paths)
+    try:
+        os.write(fd, os.urandom(500 * KiB))
+        assert tier.usage() == 900 * KiB
+        assert tier.usage(fresh=True) == 800 * KiB  # what the disk holds now
+        assert fs.is_cached("b/done")  # nothing was evicted to make room twice
+    finally:
+        os.close(fd)
+        os.unlink(paths.part)
+        tier.release(600 * KiB)
+
+
+def test_stats_do_not_walk_the_tier_on_every_call(tmp_path: Path, monkeypatch: Any) -> None:
+    store = MemoryStore(["b"])
+    for i in range(3):
+        store.put_bytes("b", f"s{i}", os.urandom(10 * KiB))
+    fs = _fs(tmp_path, store, 1000 * KiB)
+    scans = []
+    real_scan = fs.tier._scan
+    monkeypatch.setattr(fs.tier, "_scan", lambda *a, **k: scans.append(1) or real_scan(*a, **k))
+    _read(fs, "b/s0")
+    for _ in range(20):
+        fs.stats()
+    _read(fs, "b/s1")  # this process's own fetch shows without another walk
+    assert fs.stats()["local_usage_bytes"] == 20 * KiB
+    assert len(scans) <= 2

@@ -270,19 +270,20 @@ class LocalTier:
 
     # -- space -------------------------------------------------------------------------------
 
-    def usage(self, fresh: bool = False) -> int:
+    def usage(self, fresh: bool = False, max_age: float = _SCAN_REUSE_SECONDS) -> int:
         """Bytes held by the tier's entries and fetches in progress.
 
         ``fresh`` scans now and counts every part file on disk. Otherwise: published entries
-        as scanned at most a second ago, plus the bytes this process reserved for its fetches
-        (another process's fetch counts once published). A part file is never counted twice,
-        as on disk and as reserved: that started eviction early and took published entries.
+        as scanned at most ``max_age`` seconds ago (this process's own publishes and evictions
+        since are counted), plus the bytes this process reserved for its fetches (another
+        process's fetch counts once published). A part file is never counted twice, as on
+        disk and as reserved: that started eviction early and took published entries.
         """
         if fresh:
             return sum(row.size for row in self._scan())
         with self._lock:
             cached, reserved, publishes = self._scan_cache, self._reserved, self._publishes
-        if cached is not None and time.monotonic() - cached[0] < _SCAN_REUSE_SECONDS:
+        if cached is not None and time.monotonic() - cached[0] < max_age:
             return cached[1] + reserved
         published = sum(row.size for row in self._scan(count_parts=False))
         self._cache_scan(published, publishes)
