@@ -13,6 +13,7 @@ import pytest
 from tiercache import MemoryStore, TierCacheFileSystem
 from tiercache.errors import CacheTimeoutError, ConfigError
 from tiercache.tiers.lease import LeaseLock, LeaseOwner
+from tiercache.tiers.shared import SharedTier
 
 KiB = 1024
 
@@ -253,6 +254,30 @@ def test_a_write_drops_the_shared_copy_of_the_old_bytes(tmp_path: Path) -> None:
     assert not fs.is_cached(path, tier="shared")
     fs.evict(0)  # even with the local copy gone, the old bytes are not served
     assert fs.cat_file(path) == b"rewritten"
+
+
+def test_a_write_of_an_object_the_shared_tier_lacks_takes_no_lease(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    store, blobs = _store(1)
+    path = next(iter(blobs))
+    fs = _host(tmp_path, store, "h1", write_mode="through")
+    shared = fs.tier_named("shared")
+    assert isinstance(shared, SharedTier)
+    taken: list[str] = []
+    real_acquire = shared.leases.acquire
+    monkeypatch.setattr(
+        shared.leases, "acquire", lambda lock, *a: taken.append(lock) or real_acquire(lock, *a)
+    )
+    with fs.open(f"{path}.new", "wb") as f:
+        f.write(b"fresh object")
+    assert taken == []
+    fs.cat_file(path)  # cached in the shared tier: the next write takes the lease to drop it
+    fs.wait_fetches()
+    taken.clear()
+    with fs.open(path, "wb") as f:
+        f.write(b"rewritten")
+    assert len(taken) == 1 and not fs.is_cached(path, tier="shared")
 
 
 def test_prefetch_into_the_shared_tier_fills_it_for_the_other_hosts(tmp_path: Path) -> None:

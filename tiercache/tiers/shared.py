@@ -23,7 +23,7 @@ from contextlib import contextmanager
 
 from tiercache.tiers.entry import CachedEntry, EntryMeta, EntryPaths
 from tiercache.tiers.lease import LeaseLock
-from tiercache.tiers.local import LocalTier, create_exclusive, remove_file
+from tiercache.tiers.local import LocalTier, block_paths, create_exclusive, remove_file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +84,19 @@ class SharedTier(LocalTier):
             yield dataclasses.replace(paths, part=f"{paths.part}.{token}")
         finally:
             self.leases.release(paths.lock, token)
+
+    def invalidate(self, entry_id: str, timeout: float) -> None:
+        """Drop an entry; no lease is taken when nothing is cached and nobody holds one.
+
+        Every write invalidates the shared copy of its object: most have none, and a lease
+        costs a file, an fsync and a heartbeat. A fetch holds the lease from before its GET
+        until it published, so an absent lease file and absent entry files mean none runs.
+        """
+        paths = self.paths(entry_id)
+        blocks = block_paths(paths)
+        files = (paths.lock, paths.meta, paths.data, blocks.meta, blocks.log, blocks.data)
+        if any(os.path.lexists(path) for path in files):
+            super().invalidate(entry_id, timeout)
 
     def create_part(self, paths: EntryPaths) -> int:
         """Create this holder's part file; parts left by dead fetchers of the entry go."""
