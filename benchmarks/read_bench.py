@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import os
 import shutil
@@ -39,7 +40,10 @@ NOTES = (
     "'when_required', as tiercache's own client does, so neither side pays CRC checks.",
     "Cold modes use a fresh, empty cache directory per repeat; tiercache_warm is the second "
     "pass over the tiercache_cold filesystem, after every entry was published.",
-    "Reported value per mode = median seconds over --repeat samples.",
+    "Reported value per mode = median seconds over --repeat samples. The S3 modes run in a "
+    "rotated order (each repeat starts one mode further on), so that no mode always follows "
+    "the same one: the machine still settles what an earlier pass left (deleted files, freed "
+    "memory) during the next.",
     "local_write is a calibration, not a read: each shard written into a new local file in 1 MiB "
     "pwrites (no fsync), i.e. the page-cache fill that every cold cache mode must also do.",
     "os.sync() runs (untimed) before every pass so that no pass pays another's writeback.",
@@ -354,21 +358,41 @@ def check_chained_url(ctx: Context) -> dict[str, Any]:
 # -- one repeat of every mode ------------------------------------------------------------------
 
 
-def run_repeat(ctx: Context) -> None:
+def run_repeat(ctx: Context, index: int) -> None:
+    """One sample of every mode; the S3 modes start one place further on each repeat."""
     timed_pass(ctx, "local_raw", local_reader(ctx))
     local_write_pass(ctx)
-    timed_pass(ctx, "boto3_get_object", get_object_reader(ctx))
-    timed_pass(ctx, "boto3_transfer_manager", transfer_manager_reader(ctx))
-    cache_dir = ctx.fresh_dir("simplecache")
-    timed_pass(ctx, "fsspec_simplecache_cold", simplecache_reader(ctx, cache_dir))
-    shutil.rmtree(cache_dir)
-    for n in ctx.args.concurrency:
+    s3_modes = s3_passes(ctx)
+    shift = index % len(s3_modes)
+    for run_pass in s3_modes[shift:] + s3_modes[:shift]:
+        run_pass()
+
+
+def s3_passes(ctx: Context) -> list[Callable[[], None]]:
+    """The S3 modes, each a callable that runs its pass(es) and removes what it cached."""
+
+    def simplecache_pass() -> None:
+        cache_dir = ctx.fresh_dir("simplecache")
+        timed_pass(ctx, "fsspec_simplecache_cold", simplecache_reader(ctx, cache_dir))
+        shutil.rmtree(cache_dir)
+
+    def tiercache_concurrency_pass(n: int) -> None:
         _fs, tier_dir = tiercache_cold(ctx, f"tiercache_cold_c{n}", n)
         shutil.rmtree(tier_dir)
-    fs, tier_dir = tiercache_cold(ctx, "tiercache_cold", None)
-    timed_pass(ctx, "tiercache_warm", tiercache_reader(ctx, fs))
-    ctx.extras["stats_after_warm"] = fs.stats()
-    shutil.rmtree(tier_dir)
+
+    def tiercache_pass() -> None:  # cold, then warm on the same (now full) tier
+        fs, tier_dir = tiercache_cold(ctx, "tiercache_cold", None)
+        timed_pass(ctx, "tiercache_warm", tiercache_reader(ctx, fs))
+        ctx.extras["stats_after_warm"] = fs.stats()
+        shutil.rmtree(tier_dir)
+
+    return [
+        lambda: timed_pass(ctx, "boto3_get_object", get_object_reader(ctx)),
+        lambda: timed_pass(ctx, "boto3_transfer_manager", transfer_manager_reader(ctx)),
+        simplecache_pass,
+        *(functools.partial(tiercache_concurrency_pass, n) for n in ctx.args.concurrency),
+        tiercache_pass,
+    ]
 
 
 # -- results -----------------------------------------------------------------------------------
@@ -443,8 +467,8 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[s
         ctx = Context(args, endpoint, client, dataset, tmp)
         warm_up_s3(ctx)
         ctx.extras["chained_url_check"] = check_chained_url(ctx)
-        for _ in range(args.repeat):
-            run_repeat(ctx)
+        for index in range(args.repeat):
+            run_repeat(ctx, index)
         modes = summarize(ctx)
         return {
             "params": {
