@@ -48,21 +48,25 @@ class PacedStore(MemoryStore):
         return PacedStream(inner, self.produced, self.delay)
 
 
-def _fs(tmp_path: Path, store: MemoryStore) -> TierCacheFileSystem:
-    return TierCacheFileSystem(
+def _seeded(
+    tmp_path: Path, size: int, delay: float = 0.01
+) -> tuple[PacedStore, bytes, TierCacheFileSystem]:
+    """A paced store holding ``b/k`` (``size`` random bytes) and a filesystem over it."""
+    store = PacedStore(delay)
+    data = random.randbytes(size)
+    store.put_bytes("b", "k", data)
+    fs = TierCacheFileSystem(
         store=store,
         local_dir=str(tmp_path / "t"),
         consistency="immutable",
         fetch_concurrency=1,
         skip_instance_cache=True,
     )
+    return store, data, fs
 
 
 def test_a_sequential_reader_gets_the_fetched_objects_themselves(tmp_path: Path) -> None:
-    store = PacedStore()
-    data = random.randbytes(8 * MiB)
-    store.put_bytes("b", "k", data)
-    fs = _fs(tmp_path, store)
+    store, data, fs = _seeded(tmp_path, 8 * MiB)
     with fs.open("b/k", "rb") as f:
         chunks = []
         while chunk := f.read(MiB):
@@ -77,10 +81,7 @@ def test_a_sequential_reader_gets_the_fetched_objects_themselves(tmp_path: Path)
 
 
 def test_reads_of_any_size_and_seeks_return_the_right_bytes(tmp_path: Path) -> None:
-    store = PacedStore(delay=0.002)
-    data = random.randbytes(12 * MiB + 12345)
-    store.put_bytes("b", "k", data)
-    fs = _fs(tmp_path, store)
+    _, data, fs = _seeded(tmp_path, 12 * MiB + 12345, 0.002)
     rng = random.Random(7)
     with fs.open("b/k", "rb") as f:
         for _ in range(60):
@@ -94,10 +95,7 @@ def test_reads_of_any_size_and_seeks_return_the_right_bytes(tmp_path: Path) -> N
 
 
 def test_readers_sharing_one_fetch_each_get_their_own_bytes(tmp_path: Path) -> None:
-    store = PacedStore(delay=0.005)
-    data = random.randbytes(10 * MiB)
-    store.put_bytes("b", "k", data)
-    fs = _fs(tmp_path, store)
+    _, data, fs = _seeded(tmp_path, 10 * MiB, 0.005)
     results: dict[int, bytes] = {}
     errors: list[BaseException] = []
 
@@ -121,10 +119,7 @@ def test_readers_sharing_one_fetch_each_get_their_own_bytes(tmp_path: Path) -> N
 
 
 def test_a_reader_that_leaves_early_lets_the_fetch_finish_alone(tmp_path: Path) -> None:
-    store = PacedStore()
-    data = random.randbytes(6 * MiB)
-    store.put_bytes("b", "k", data)
-    fs = _fs(tmp_path, store)
+    _, data, fs = _seeded(tmp_path, 6 * MiB)
     with fs.open("b/k", "rb") as f:
         assert f.read(MiB) == data[:MiB]
         assert f.read(MiB) == data[MiB : 2 * MiB]
