@@ -262,10 +262,7 @@ class LocalTier:
     def invalidate(self, entry_id: str, timeout: float) -> None:
         """Drop an entry (its object changed or was deleted)."""
         with self.entry_lock(entry_id, timeout) as paths:
-            remove_file(paths.meta)
-            remove_file(paths.data)
-            blocks = block_paths(paths)
-            for path in (blocks.meta, blocks.log, blocks.data):
+            for path in entry_files(paths):
                 remove_file(path)
 
     # -- space -------------------------------------------------------------------------------
@@ -387,9 +384,7 @@ class LocalTier:
             ):
                 return False
             if not dry_run:
-                remove_file(paths.meta)
-                remove_file(paths.data)
-                for path in (blocks.meta, blocks.log, blocks.data):
+                for path in entry_files(paths):
                     remove_file(path)
                 self._remove_parts(paths)
             return True
@@ -463,6 +458,12 @@ _SCANNED = ("data", "meta", "part", "blk", "blkmap", "blkmeta")
 def block_paths(paths: EntryPaths) -> BlockPaths:
     base = paths.data[: -len(".data")]
     return BlockPaths(base + ".blk", base + ".blkmap", base + ".blkmeta")
+
+
+def entry_files(paths: EntryPaths) -> tuple[str, ...]:
+    """The files of a published entry, whole or by blocks; each metadata file before its data."""
+    blocks = block_paths(paths)
+    return (paths.meta, paths.data, blocks.meta, blocks.log, blocks.data)
 
 
 def pin_path(paths: EntryPaths) -> str:

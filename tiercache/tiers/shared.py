@@ -23,7 +23,7 @@ from contextlib import contextmanager
 
 from tiercache.tiers.entry import CachedEntry, EntryMeta, EntryPaths
 from tiercache.tiers.lease import LeaseLock
-from tiercache.tiers.local import LocalTier, block_paths, create_exclusive, remove_file
+from tiercache.tiers.local import LocalTier, create_exclusive, entry_files, remove_file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,9 +93,7 @@ class SharedTier(LocalTier):
         until it published, so an absent lease file and absent entry files mean none runs.
         """
         paths = self.paths(entry_id)
-        blocks = block_paths(paths)
-        files = (paths.lock, paths.meta, paths.data, blocks.meta, blocks.log, blocks.data)
-        if any(os.path.lexists(path) for path in files):
+        if any(os.path.lexists(path) for path in (paths.lock, *entry_files(paths))):
             super().invalidate(entry_id, timeout)
 
     def create_part(self, paths: EntryPaths) -> int:
