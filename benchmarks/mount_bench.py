@@ -18,7 +18,7 @@ from typing import Any
 
 import common
 from common import REPO, Endpoint, MiB, VerifyError
-from read_bench import Shard, build_dataset
+from read_bench import Shard, build_dataset, drain
 
 from tiercache import TierCacheFileSystem
 
@@ -97,13 +97,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.shards < 1 or args.shard_mib <= 0 or args.chunk_mib <= 0 or args.repeat < 1:
         p.error("--shards, --shard-mib, --chunk-mib and --repeat must be positive")
     return args
-
-
-def drain(f: Any, chunk: int) -> list[Any]:
-    chunks = []
-    while data := f.read(chunk):
-        chunks.append(data)
-    return chunks
 
 
 def file_reader(ctx: Context, root: Path | None) -> Reader:
