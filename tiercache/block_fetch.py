@@ -250,7 +250,7 @@ class _BlockBuffer:
     def begin(self, info: ObjectInfo) -> None:
         pass  # the block's object is known already
 
-    def next_read(self, offset: int, end: int) -> int:
+    def next_read(self, offset: int) -> int:
         return 0  # no reader to hand chunks to: any size will do
 
     def write(self, offset: int, data: memoryview | bytes) -> None:

@@ -170,7 +170,7 @@ class Fetch:
 
     # -- the download's side (RangeSink) -----------------------------------------------------
 
-    def next_read(self, offset: int, end: int) -> int:
+    def next_read(self, offset: int) -> int:
         with self._cond:
             size = self._reader_size
             if not size:

@@ -126,7 +126,7 @@ def test_a_reader_that_leaves_early_lets_the_fetch_finish_alone(tmp_path: Path) 
         fetch = f._fetch
     assert fetch is not None
     # Detached: the download reads any size again and keeps nothing for a reader.
-    assert fetch.next_read(3 * MiB, len(data)) == 0
+    assert fetch.next_read(3 * MiB) == 0
     fs.wait_fetches()
     assert fs.is_cached("b/k")
     assert fs.cat_file("b/k") == data

@@ -21,7 +21,7 @@ class RangeSink(Protocol):
         """The object's size and ETag are known; called once, before any ``write``."""
         ...
 
-    def next_read(self, offset: int, end: int) -> int:
+    def next_read(self, offset: int) -> int:
         """How many bytes from ``offset`` to read as one new ``bytes`` object (0: any amount).
 
         A sink that hands chunks to a reader as they arrive asks for chunks the reader's size.
@@ -165,7 +165,7 @@ def _copy_chunk(
     stream: ObjectStream, sink: RangeSink, pos: int, end: int, buffer: memoryview
 ) -> int:
     """Move the next chunk from ``stream`` into ``sink``; return its size (0 at the end)."""
-    wanted = sink.next_read(pos, end)
+    wanted = sink.next_read(pos)
     if wanted:
         data = stream.read(min(wanted, end - pos))
         if data:
