@@ -12,6 +12,7 @@ from tiercache.errors import (
     StoreUnavailableError,
     TierCacheError,
     TierFullError,
+    UploadFailedError,
 )
 from tiercache.filesystem import TierCacheFileSystem
 from tiercache.prefetch import PrefetchHandle, PrefetchProgress, ReadAhead
@@ -40,5 +41,6 @@ __all__ = [
     "TierCacheError",
     "TierCacheFileSystem",
     "TierFullError",
+    "UploadFailedError",
     "__version__",
 ]

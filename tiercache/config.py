@@ -12,14 +12,16 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal, get_args
 
 from tiercache.errors import ConfigError
 
 Consistency = Literal["immutable", "ttl", "always"]
 WriteMode = Literal["behind", "through"]
-Verify = Literal["reboot", "always"]
+Verify = Literal["first", "always", "reboot"]
 SharedPolicy = Literal["promote", "serve"]
 SharedAuth = Literal["store", "trust"]
 
@@ -92,9 +94,14 @@ class TierCacheConfig:
             leaving them to the journal (the next process or ``tiercache flush``).
         keep_checkpoints: eviction keeps the files of this many newest committed checkpoints
             (directories whose ``commit_marker`` was uploaded), for a fast restart.
-        verify: when a cached file is checked against its xxh3 digest before it is served:
-            ``reboot`` once after each kernel boot (what a crash can tear), ``always`` on every
-            open (catches any corruption on disk, at the cost of reading each file twice).
+        verify: when a cached file is checked against its xxh3 digest before it is served.
+            ``first``: the first time each process opens it (and again if the file is
+            changed): small files at open, larger ones hashed by a worker ahead of the reader,
+            whose read of the last bytes (or a read out of order) waits for the verdict; files
+            this process fetched count as checked; blocks of huge objects on first read.
+            ``always``: every open, before the first byte (reads each file twice).
+            ``reboot``: only entries published before the last kernel boot (what a crash can
+            tear); no other cost, and no defence against bytes changed on disk.
         shared_dir: directory of the shared tier on a filesystem many hosts mount (GPFS,
             Lustre, NFS, CephFS); None: no shared tier. Reads go local → shared → store; a
             miss fills the shared tier, so one host fetches an object for all of them.
@@ -146,7 +153,7 @@ class TierCacheConfig:
     commit_marker: str = ".metadata"
     exit_flush_timeout: float = 60.0
     keep_checkpoints: int = 2
-    verify: Verify = "reboot"
+    verify: Verify = "first"
     shared_dir: str | None = None
     shared_max_bytes: int = 100 * GiB
     shared_policy: SharedPolicy = "promote"
@@ -196,7 +203,7 @@ class TierCacheConfig:
         _require_number("exit_flush_timeout", self.exit_flush_timeout, minimum=0.0)
         _require_int("keep_checkpoints", self.keep_checkpoints, minimum=0, maximum=1000)
         if self.verify not in get_args(Verify):
-            raise ConfigError(f"verify must be reboot or always, got {self.verify!r}")
+            raise ConfigError(f"verify must be first, always or reboot, got {self.verify!r}")
         self._check_shared()
         self._check_prefetch()
 
@@ -307,63 +314,84 @@ def dir_mode_for(file_mode: int) -> int:
     return mode
 
 
-_SIZE_FIELDS = {
-    "local_max_bytes",
-    "part_size",
-    "dirty_max_bytes",
-    "shared_max_bytes",
-    "min_free_bytes",
-    "block_threshold",
-    "block_size",
-}
-_INT_FIELDS = {
-    "fetch_concurrency",
-    "retries",
-    "upload_workers",
-    "keep_checkpoints",
-    "readahead_blocks",
-}
-_SIZE_FIELDS = {"local_max_bytes", "part_size", "dirty_max_bytes"}
-_INT_FIELDS = {"fetch_concurrency", "retries", "upload_workers", "keep_checkpoints"}
-_SIZE_FIELDS |= {"prefetch_window_bytes"}
-_INT_FIELDS |= {"prefetch_workers", "readahead"}
-_FLOAT_FIELDS = {
-    "ttl",
-    "lock_timeout",
-    "connect_timeout",
-    "read_timeout",
-    "upload_deadline",
-    "exit_flush_timeout",
-    "lease_stale_after",
-    "high_watermark",
-    "low_watermark",
-    "whole_object_after",
-}
+# How a string from the environment, the config file or a flag becomes each option's value:
+# the one table of option kinds. Every field must appear (checked at import below), so a new
+# option cannot silently pass its string through unparsed.
+OptionKind = Literal["size", "int", "float", "mode", "path", "choice", "text"]
+OPTION_KINDS: Mapping[str, OptionKind] = MappingProxyType(
+    {
+        "local_dir": "path",
+        "local_max_bytes": "size",
+        "consistency": "choice",
+        "ttl": "float",
+        "fetch_concurrency": "int",
+        "part_size": "size",
+        "lock_timeout": "float",
+        "retries": "int",
+        "connect_timeout": "float",
+        "read_timeout": "float",
+        "file_mode": "mode",
+        "write_mode": "choice",
+        "dirty_max_bytes": "size",
+        "upload_workers": "int",
+        "upload_deadline": "float",
+        "commit_marker": "text",
+        "exit_flush_timeout": "float",
+        "keep_checkpoints": "int",
+        "verify": "choice",
+        "shared_dir": "path",
+        "shared_max_bytes": "size",
+        "shared_policy": "choice",
+        "shared_auth": "choice",
+        "shared_file_mode": "mode",
+        "host_id": "text",
+        "lease_stale_after": "float",
+        "high_watermark": "float",
+        "low_watermark": "float",
+        "min_free_bytes": "size",
+        "block_threshold": "size",
+        "block_size": "size",
+        "whole_object_after": "float",
+        "readahead_blocks": "int",
+        "prefetch_workers": "int",
+        "readahead": "int",
+        "prefetch_window_bytes": "size",
+    }
+)
+
+
+def _check_option_kinds() -> None:
+    fields = {f.name for f in dataclasses.fields(TierCacheConfig)}
+    missing, stale = sorted(fields - set(OPTION_KINDS)), sorted(set(OPTION_KINDS) - fields)
+    unknown = sorted(k for k, v in OPTION_KINDS.items() if v not in get_args(OptionKind))
+    if missing or stale or unknown:
+        raise TypeError(
+            "OPTION_KINDS out of step with TierCacheConfig: no kind for "
+            f"{missing}, no such option {stale}, unknown kind for {unknown}"
+        )
+
+
+_check_option_kinds()
 
 
 def _coerce(name: str, value: Any, source: str | None = None) -> Any:
-    """Turn strings from the environment or JSON into the field's type."""
-    label = source or name
-    if name in _SIZE_FIELDS:
+    """Turn strings from the environment, the config file or flags into the field's type;
+    ``__post_init__`` then checks the range."""
+    label = f"{name} ({source})" if source else name
+    kind = OPTION_KINDS[name]
+    if kind == "size":
         return parse_size(value, label)
-    if name in ("file_mode", "shared_file_mode") and isinstance(value, str):
-        try:
+    if kind == "path":
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(value, str) or kind in ("choice", "text"):
+        return value
+    try:
+        if kind == "mode":
             return int(value, 8)
-        except ValueError:
-            raise ConfigError(f"{label} must be an octal mode such as 600, got {value!r}") from None
-    if isinstance(value, str) and name in _INT_FIELDS:
-        try:
-            return int(value)
-        except ValueError:
-            raise ConfigError(f"{label} must be an integer, got {value!r}") from None
-    if isinstance(value, str) and name in _FLOAT_FIELDS:
-        try:
-            return float(value)
-        except ValueError:
-            raise ConfigError(f"{label} must be a number, got {value!r}") from None
-    if name in ("local_dir", "shared_dir") and isinstance(value, os.PathLike):
-        return os.fspath(value)
-    return value
+        return int(value) if kind == "int" else float(value)
+    except ValueError:
+        expected = {"mode": "an octal mode such as 600", "int": "an integer"}.get(kind, "a number")
+        raise ConfigError(f"{label} must be {expected}, got {value!r}") from None
 
 
 def parse_size(value: Any, name: str = "size") -> int:
@@ -377,7 +405,8 @@ def parse_size(value: Any, name: str = "size") -> int:
     if isinstance(value, str):
         match = _SIZE_RE.match(value)
         if match and match.group(2).lower() in _SIZE_UNITS:
-            return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+            # Fraction, not float: "9007199254740993" must not lose its last digits.
+            return int(Fraction(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
     raise ConfigError(f"{name} must be a byte count such as 1073741824 or '1GiB', got {value!r}")
 
 

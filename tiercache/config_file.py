@@ -18,6 +18,7 @@ from typing import Any
 
 from tiercache.config import TierCacheConfig
 from tiercache.errors import ConfigError
+from tiercache.store.endpoint import redact_endpoint
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -52,6 +53,8 @@ class FileSettings:
     def public(self) -> dict[str, Any]:
         """What may be shown: secrets replaced by ``"***"``."""
         s3 = {k: ("***" if k in SECRET_KEYS else v) for k, v in self.s3.items()}
+        if isinstance(s3.get("endpoint_url"), str):  # refused when used, but never shown
+            s3["endpoint_url"] = redact_endpoint(s3["endpoint_url"])
         return {"path": self.path, "tiercache": dict(self.tiercache), "s3": s3}
 
 

@@ -12,12 +12,16 @@ the matching built-in so that callers' ``except FileNotFoundError`` clauses keep
     │   └── ObjectChangedError               the object changed while it was being fetched
     ├── CacheTimeoutError(TimeoutError)      waited too long for another fetcher
     ├── CacheCorruptError(OSError)           a cache entry failed its integrity check
+    ├── UploadFailedError(OSError)           written behind, but refused by the store for good
+    │                                        or lost; ``pending()`` keeps reporting it
     └── TierFullError(OSError)               the tier's filesystem is out of space (ENOSPC)
 
 Messages name the bucket/key, the endpoint and the operation, never credentials.
 """
 
 from __future__ import annotations
+
+import errno
 
 
 class TierCacheError(Exception):
@@ -53,7 +57,28 @@ class CacheTimeoutError(TierCacheError, TimeoutError):
 
 
 class CacheCorruptError(TierCacheError, OSError):
-    """A cache entry failed its size or digest check."""
+    """A cache entry failed its size or digest check (errno EIO, as a failed read reports it).
+
+    Raised with a message alone; ``errno`` is then EIO and ``str()`` the message.
+    """
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*((errno.EIO, *args) if len(args) == 1 else args))
+
+    def __str__(self) -> str:
+        return super().__str__() if self.strerror is None else str(self.strerror)
+
+
+class UploadFailedError(TierCacheError, OSError):
+    """Objects written behind that will not reach the store without the user's action: the
+    store refused them for good (``failed``) or their bytes were lost (``lost``)."""
+
+    def __init__(self, message: str, names: list[str]) -> None:
+        super().__init__(5, message)  # EIO, as a failed write reports it
+        self.names = names
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 class TierFullError(TierCacheError, OSError):

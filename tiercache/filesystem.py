@@ -8,12 +8,13 @@ local tier.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import shutil
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from fsspec.utils import stringify_path
@@ -34,11 +35,13 @@ from tiercache.prefetch import Budget, PrefetchHandle, ReadAhead
 from tiercache.prefetch.targets import check_tier, expand
 from tiercache.read_path import source_url
 from tiercache.runtime import runtime_for
-from tiercache.staged_write import Committer, StagedWriteFile
 from tiercache.store.base import ObjectInfo, ObjectStore
 from tiercache.store.retry import RetryPolicy
 from tiercache.store.s3_options import S3Options
 from tiercache.tiers.local import EvictionReport, LocalTier
+from tiercache.write.keys import check_writable_key
+from tiercache.write.reconcile import reconcile
+from tiercache.write.staged import Committer, StagedWriteFile
 
 try:  # fsspec >= 2025.x marks filesystems meant to be chained (``tiercache::s3://``)
     from fsspec.implementations.chained import ChainedFileSystem as _Base
@@ -113,6 +116,13 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
     def _get_kwargs_from_urls(path: str) -> dict[str, Any]:
         return {}
 
+    def open(self, path: Any, mode: str = "rb", *args: Any, **kwargs: Any) -> Any:
+        # fsspec strips a trailing "/" before ``_open`` sees the path: "x/" must not be
+        # written as "x" (a directory marker is not a file to write).
+        if ("w" in mode or "x" in mode) and stringify_path(path).endswith("/"):
+            raise IsADirectoryError(21, "cannot write a file whose name ends with '/'", path)
+        return super().open(path, mode, *args, **kwargs)
+
     def split_path(self, path: str) -> tuple[str, str]:
         """``"bucket/key"`` (any accepted URL form) → ``("bucket", "key")``."""
         path = self._strip_protocol(path)
@@ -170,6 +180,7 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
                 on_wait=self._count_wait,
             )
         if mode in ("wb", "xb"):
+            check_writable_key(path, key)
             if mode == "xb" and self.exists(path):
                 raise FileExistsError(17, "object exists", path)
             entry_id = self.read_path.entry_id(bucket, key)
@@ -182,7 +193,6 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
                 self._runtime.uploader.writer_opened()
                 on_close = self._runtime.uploader.writer_closed
             else:
-                self._cancel_pending(bucket, key)
                 commit = self._runtime.write_through
             try:
                 return StagedWriteFile(
@@ -307,11 +317,11 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
         bucket, key = self.split_path(path)
+        check_writable_key(path, key)
         if mode == "create" and self.exists(path):
             raise FileExistsError(17, "object exists", path)
-        self._cancel_pending(bucket, key)
-        self.store.put_bytes(bucket, key, bytes(value))
-        self.read_path.invalidate(bucket, key)
+        with self._store_write(bucket, key):
+            self.store.put_bytes(bucket, key, bytes(value))
 
     def put_file(
         self, lpath: str, rpath: str, callback: Any = None, mode: str = "overwrite", **kwargs: Any
@@ -319,11 +329,11 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         if os.path.isdir(lpath):
             return  # object stores have no directories to create
         bucket, key = self.split_path(rpath)
+        check_writable_key(rpath, key)
         if mode == "create" and self.exists(rpath):
             raise FileExistsError(17, "object exists", rpath)
-        self._cancel_pending(bucket, key)
-        self.store.upload_file(bucket, key, lpath)
-        self.read_path.invalidate(bucket, key)
+        with self._store_write(bucket, key):
+            self.store.upload_file(bucket, key, lpath)
         if callback is not None:
             size = os.path.getsize(lpath)
             callback.set_size(size)
@@ -343,9 +353,8 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
                 shutil.copyfileobj(src, dst, 8 << 20)
             return
         self.flush(f"{src_bucket}/{src_key}")  # a server-side copy needs the source uploaded
-        self._cancel_pending(dst_bucket, dst_key)
-        self.store.copy(src_bucket, src_key, dst_bucket, dst_key)
-        self.read_path.invalidate(dst_bucket, dst_key)
+        with self._store_write(dst_bucket, dst_key):
+            self.store.copy(src_bucket, src_key, dst_bucket, dst_key)
 
     def rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None) -> None:
         expanded = self.expand_path(path, recursive=recursive, maxdepth=maxdepth)
@@ -371,12 +380,26 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         self._rm(path)
 
     def _delete(self, bucket: str, keys: Iterable[str]) -> None:
-        keys = list(keys)
-        for key in keys:
-            self._cancel_pending(bucket, key)
-        self.store.delete(bucket, keys)
-        for key in keys:
-            self.read_path.invalidate(bucket, key)
+        keys = sorted(set(keys))  # claims in one order: two deleters never wait on each other
+        for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
+            batch = keys[start : start + 1000]
+            with contextlib.ExitStack() as claims:
+                for key in batch:
+                    claims.enter_context(self._store_write(bucket, key))
+                self.store.delete(bucket, batch)
+
+    @contextlib.contextmanager
+    def _store_write(self, bucket: str, key: str) -> Iterator[None]:
+        """Change an object in the store directly (rm, pipe, put, copy): no upload of an
+        older pending version runs meanwhile or lands after it, and once the store holds the
+        change that version and the cached entries are dropped (a version written behind
+        during the change is newer: it stays and uploads after it)."""
+        state = self._runtime.write_state
+        with state.store_write(self.read_path.entry_id(bucket, key)) as change:
+            yield
+            if state.store_written(change) and change.superseded is not None:
+                self._stats.add("uploads_cancelled")
+        self.read_path.invalidate_shared(bucket, key)
 
     def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
         bucket, key = self.split_path(path)
@@ -404,14 +427,34 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
 
     # -- write-behind ------------------------------------------------------------------------
 
-    def flush(self, path: str = "", timeout: float | None = None) -> None:
+    def flush(
+        self, path: str = "", timeout: float | None = None, retry_failed: bool = False
+    ) -> None:
         """Wait until everything written behind under ``path`` (default: all) is in the store.
 
         ``path`` is an object or a prefix (``bucket/checkpoints/step-100``). Raises
-        ``CacheTimeoutError`` after ``timeout`` seconds, naming what is still pending.
+        ``CacheTimeoutError`` after ``timeout`` seconds, naming what is still pending, and
+        ``UploadFailedError`` naming what the store refused for good or what was lost (see
+        ``pending``); ``retry_failed`` sends the refused ones again first.
         """
         prefix = self._strip_protocol(path) if path else ""
-        self._runtime.write_behind.flush(prefix, timeout)
+        self._runtime.write_behind.flush(prefix, timeout, retry_failed)
+
+    def discard(self, path: str) -> list[str]:
+        """Drop pending, failed or lost writes under ``path`` without uploading them; reads
+        then get the store's version. Returns the names dropped."""
+        prefix = self._strip_protocol(path)
+        if not prefix:
+            raise ValueError("discard needs a path or a prefix (use 'bucket/' for a bucket)")
+        return [r.name for r in self._runtime.write_behind.discard(prefix)]
+
+    def fsck(self, scrub: bool = True) -> dict[str, Any]:
+        """Reconcile the journal with the tier (repair what can be, report what is lost) and,
+        with ``scrub``, check every whole cached entry against its digest, evicting corrupt
+        clean ones. Returns what was found, with ``pending`` rows of what is not in the store."""
+        report = reconcile(self._runtime.write_state, self.store, scrub=scrub).to_dict()
+        report["pending"] = self.pending()
+        return report
 
     def pending(self, path: str = "") -> list[dict[str, Any]]:
         """Objects written behind and not yet uploaded: path, bytes, age, attempts, last error."""
@@ -422,35 +465,32 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
             attempts, error = self._runtime.uploader.last_error(record.entry_id)
             rows.append(
                 {
-                    "name": f"{record.bucket}/{record.key}",
+                    "name": record.name,
                     "size": record.size,
                     "age_s": round(now - record.created_at, 3),
+                    "state": record.state,
                     "attempts": attempts,
-                    "last_error": error,
+                    "last_error": record.error or error,
                 }
             )
         return rows
+
+    def pending_elsewhere(self) -> list[dict[str, Any]]:
+        """Writes this tier holds for other stores (endpoints): this filesystem does not
+        upload them; a filesystem on their endpoint does."""
+        write_behind = self._runtime.write_behind
+        return [
+            {"name": r.name, "size": r.size, "store": r.namespace, "state": r.state}
+            for r in write_behind.records_everywhere()
+            if not write_behind.is_ours(r)
+        ]
 
     def _pending_under(self, bucket: str, prefix: str) -> bool:
         return bool(self._runtime.write_behind.pending(f"{bucket}/{prefix}"))
 
     def _pending_rows(self, bucket: str, prefix: str, nested: bool) -> list[dict[str, Any]]:
         records = self._runtime.write_behind.pending(f"{bucket}/{prefix}")
-        return pending_rows(records, bucket, prefix, nested)
-
-    def _cancel_pending(self, bucket: str, key: str) -> None:
-        """Drop a pending upload (waiting for one in flight): a newer write or a delete wins."""
-        journal = self._runtime.journal
-        entry_id = self.read_path.entry_id(bucket, key)
-        if journal.get(entry_id) is None:
-            return
-        claim = journal.claim(entry_id, self.config.lock_timeout)
-        try:
-            if journal.remove(entry_id):
-                self._stats.add("uploads_cancelled")
-        finally:
-            journal.release(claim)
-        self.read_path.invalidate(bucket, key)
+        return pending_rows([r for r in records if r.state != "lost"], bucket, prefix, nested)
 
     # -- the cache ---------------------------------------------------------------------------
 

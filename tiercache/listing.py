@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from tiercache.journal import JournalRecord
 from tiercache.store.base import ListEntry, ObjectInfo
+from tiercache.write.state import Record
 
 
 def file_row(info: ObjectInfo, cached: bool) -> dict[str, Any]:
@@ -51,7 +51,7 @@ def add_parent_dirs(found: dict[str, dict[str, Any]], root: str, name: str) -> N
 
 
 def pending_rows(
-    records: Iterable[JournalRecord], bucket: str, prefix: str, nested: bool
+    records: Iterable[Record], bucket: str, prefix: str, nested: bool
 ) -> list[dict[str, Any]]:
     """Rows for pending writes under ``prefix``: files, or (not ``nested``) their directories."""
     rows = []

@@ -15,7 +15,6 @@ from typing import Any
 
 from tiercache.checkpoints import CheckpointRegistry
 from tiercache.config import TierCacheConfig
-from tiercache.journal import Journal
 from tiercache.prefetch.engine import PrefetchEngine
 from tiercache.read_path import ReadPath
 from tiercache.stats import Stats
@@ -25,9 +24,10 @@ from tiercache.store.s3 import S3Store
 from tiercache.store.s3_options import S3Options
 from tiercache.tiers.local import LocalTier
 from tiercache.tiers.shared import SharedTier
-from tiercache.uploader import Uploader
-from tiercache.write_behind import WriteBehind
-from tiercache.write_through import WriteThrough
+from tiercache.write.behind import WriteBehind
+from tiercache.write.state import WriteState
+from tiercache.write.through import WriteThrough
+from tiercache.write.uploader import Uploader
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class CacheRuntime:
     shared: SharedTier | None
     read_path: ReadPath
     stats: Stats
-    journal: Journal
+    write_state: WriteState
     uploader: Uploader
     write_behind: WriteBehind
     write_through: WriteThrough
@@ -79,13 +79,13 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
     )
     shared = _shared_tier(config)
     stats = Stats()
-    journal = Journal(tier.root, config.file_mode, config.dir_mode)
+    write_state = WriteState(tier, config.lock_timeout)
     checkpoints = CheckpointRegistry(
         tier.root, config.keep_checkpoints, config.file_mode, config.dir_mode
     )
     tier.keep = checkpoints.keeps
-    uploader = Uploader(config, tier, journal, store, stats, checkpoints)
-    if journal.records(store.namespace):
+    uploader = Uploader(config, write_state, store, stats, checkpoints)
+    if write_state.record_ids():
         uploader.start()  # finish what a crashed or exited process left in the journal
     read_path = ReadPath(config, tier, store, stats, shared)
     return CacheRuntime(
@@ -95,10 +95,10 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
         shared=shared,
         read_path=read_path,
         stats=stats,
-        journal=journal,
+        write_state=write_state,
         uploader=uploader,
-        write_behind=WriteBehind(config, tier, journal, uploader, stats, store.namespace),
-        write_through=WriteThrough(store, tier, stats, config.lock_timeout),
+        write_behind=WriteBehind(config, write_state, uploader, stats, store.namespace),
+        write_through=WriteThrough(store, write_state, stats),
         prefetch=PrefetchEngine(config, read_path, tier, store, stats),
     )
 

@@ -290,5 +290,5 @@ def test_prefetch_options_from_keywords_and_environment() -> None:
     assert config.prefetch_window == 64 * 1024 * KiB
     defaults = TierCacheConfig.from_options({"local_max_bytes": "1GiB"}, environ={})
     assert defaults.prefetch_window == 512 * 1024 * KiB  # half the local budget
-    with pytest.raises(ConfigError, match="TIERCACHE_READAHEAD must be an integer"):
+    with pytest.raises(ConfigError, match=r"TIERCACHE_READAHEAD\) must be an integer"):
         TierCacheConfig.from_options({}, environ={"TIERCACHE_READAHEAD": "many"})

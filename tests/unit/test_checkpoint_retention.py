@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tiercache import MemoryStore, TierCacheFileSystem
-from tiercache.journal import JournalRecord
+import pytest
+
+from tiercache import MemoryStore, TierCacheFileSystem, UploadFailedError
+from tiercache.write.state import Record
 
 
 def _fs(tmp_path: Path, store: MemoryStore, **options: object) -> TierCacheFileSystem:
@@ -45,17 +47,22 @@ def test_keep_zero_evicts_every_clean_entry(tmp_path: Path) -> None:
     assert fs.cat("b/ckpt/step-1/.metadata") == b"meta"  # still readable from the store
 
 
-def test_garbage_in_the_journal_is_ignored(tmp_path: Path) -> None:
+def test_garbage_in_the_journal_is_reported_never_dropped(tmp_path: Path) -> None:
     store = MemoryStore(["b"])
     fs = _fs(tmp_path, store)
     journal_dir = Path(fs.tier.root) / "journal"
     (journal_dir / ("0" * 64 + ".json")).write_bytes(b"{torn")
-    assert fs.pending() == []
-    assert JournalRecord.from_json(b"[]") is None
+    assert Record.from_json(b"[]") is None
     with fs.open("b/k", "wb") as f:
         f.write(b"value")
-    fs.flush(timeout=30)
+    with pytest.raises(UploadFailedError, match="unreadable"):
+        fs.flush(timeout=30)  # the good write is uploaded; the torn record is named
     assert store.request_counts()["PutObject"] == 1
+    assert [p["state"] for p in fs.pending()] == ["lost"]
+    lost = fs.pending()[0]["name"]
+    assert fs.discard(lost) == [lost]
+    fs.flush(timeout=30)
+    assert fs.pending() == []
 
 
 def test_a_cache_shared_by_two_stores_uploads_each_file_to_its_own(tmp_path: Path) -> None:

@@ -6,7 +6,19 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from tiercache.cli import doctor, evict, flush, ls, mount, prefetch, stats, status, unmount
+from tiercache.cli import (
+    discard,
+    doctor,
+    evict,
+    flush,
+    fsck,
+    ls,
+    mount,
+    prefetch,
+    stats,
+    status,
+    unmount,
+)
 from tiercache.cli.common import Command
 from tiercache.errors import TierCacheError
 
@@ -19,6 +31,8 @@ COMMANDS: tuple[Command, ...] = (
     ls,
     prefetch,
     flush,
+    fsck,
+    discard,
     evict,
     doctor,
 )

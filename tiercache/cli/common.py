@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from typing import Any, Protocol
 
@@ -77,11 +78,12 @@ def file_settings(args: argparse.Namespace) -> FileSettings:
 
 def tier_options(args: argparse.Namespace) -> dict[str, Any]:
     """The tiercache options: flags over environment over the config file over defaults."""
-    flags: dict[str, Any] = {}
-    for name in ("local_dir", "local_max_bytes", "shared_dir", "shared_max_bytes", "consistency"):
-        value = getattr(args, name, None)
-        if value:
-            flags[name] = value
+    # A flag's dest is its option's name, so a flag added to a parser needs no entry here.
+    flags = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(TierCacheConfig)
+        if getattr(args, f.name, None) is not None
+    }
     return merge_tier_options(file_settings(args), flags)
 
 

@@ -13,10 +13,10 @@ from tiercache.cli.common import (
     human_bytes,
     print_json,
 )
-from tiercache.journal import Journal
 from tiercache.mount.control import active_mounts
 from tiercache.tiers.local import LocalTier
 from tiercache.tiers.shared import SharedTier
+from tiercache.write.state import WriteState
 
 NAME = "status"
 HELP = "tier usage, uploads still pending and active mounts (no store access)"
@@ -41,14 +41,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     tier = LocalTier(config.local_dir, config.local_max_bytes, config.file_mode, config.dir_mode)
-    journal = Journal(tier.root, config.file_mode, config.dir_mode)
+    journal = WriteState(tier, config.lock_timeout)
     now = time.time()
     pending: list[dict[str, Any]] = [
         {
-            "name": f"{r.bucket}/{r.key}",
+            "name": r.name,
             "size": r.size,
             "age_s": round(now - r.created_at, 1),
             "store": r.namespace,
+            "state": r.state,
+            "error": r.error,
         }
         for r in journal.records()
     ]
@@ -58,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         "local_max_bytes": config.local_max_bytes,
         "pending_uploads": len(pending),
         "pending_bytes": sum(p["size"] for p in pending),
+        "failed_uploads": sum(p["state"] != "dirty" for p in pending),
         "pending": pending,
         "mounts": [
             {"mountpoint": m.mountpoint, "url": m.url, "read_only": m.read_only}
@@ -85,8 +88,12 @@ def run(args: argparse.Namespace) -> int:
             f"  usage     {human_bytes(report['shared_usage_bytes'])} "
             f"of {human_bytes(report['shared_max_bytes'])}"
         )
+    if report["failed_uploads"]:
+        print(f"  FAILED    {report['failed_uploads']} upload(s) need you: see below")
     for row in pending:
-        print(f"    {row['name']}  {human_bytes(row['size'])}  waiting {row['age_s']:.0f} s")
+        what = "waiting" if row["state"] == "dirty" else row["state"].upper()
+        line = f"    {row['name']}  {human_bytes(row['size'])}  {what} {row['age_s']:.0f} s"
+        print(line + (f": {row['error']}" if row["error"] else ""))
     print(f"mounts      {len(report['mounts'])}")
     for mount in report["mounts"]:
         mode = "ro" if mount["read_only"] else "rw"

@@ -16,7 +16,7 @@ import threading
 from typing import Any, Protocol
 
 from tiercache.errors import TierFullError
-from tiercache.staged_write import StagedWriteFile
+from tiercache.write.staged import StagedWriteFile
 
 _COPY_CHUNK = 8 << 20
 

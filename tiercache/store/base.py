@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -80,9 +80,22 @@ class ObjectStore(Protocol):
         ...
 
     def upload_file(
-        self, bucket: str, key: str, path: str, metadata: Mapping[str, str] | None = None
+        self,
+        bucket: str,
+        key: str,
+        path: str,
+        metadata: Mapping[str, str] | None = None,
+        on_multipart: Callable[[str], None] | None = None,
     ) -> ObjectInfo:
-        """Upload a local file, in parallel multipart parts when it is large."""
+        """Upload a local file, in parallel multipart parts when it is large.
+
+        ``on_multipart`` gets the upload id as soon as a multipart upload is created, so a
+        caller can abort it later if this process dies before it completes.
+        """
+        ...
+
+    def abort_multipart(self, bucket: str, key: str, upload_id: str) -> None:
+        """Abort a multipart upload (its parts stop taking space); a finished one is left."""
         ...
 
     def list_objects(

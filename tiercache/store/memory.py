@@ -6,7 +6,7 @@ import hashlib
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from tiercache.errors import ObjectChangedError, ObjectNotFoundError
@@ -105,10 +105,18 @@ class MemoryStore:
         return ObjectInfo(bucket, key, len(data), etag, obj.modified)
 
     def upload_file(
-        self, bucket: str, key: str, path: str, metadata: Mapping[str, str] | None = None
+        self,
+        bucket: str,
+        key: str,
+        path: str,
+        metadata: Mapping[str, str] | None = None,
+        on_multipart: Callable[[str], None] | None = None,
     ) -> ObjectInfo:
         with open(path, "rb") as f:
             return self.put_bytes(bucket, key, f.read(), metadata)
+
+    def abort_multipart(self, bucket: str, key: str, upload_id: str) -> None:
+        self._count("AbortMultipartUpload")
 
     def list_objects(
         self, bucket: str, prefix: str, delimiter: str | None = "/"

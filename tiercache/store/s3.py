@@ -17,6 +17,7 @@ from botocore import UNSIGNED
 from tiercache import forksafe
 from tiercache.errors import AccessDeniedError, StoreError
 from tiercache.store.base import ListEntry, ObjectInfo
+from tiercache.store.endpoint import AWS_NAMESPACE, canonical_endpoint, configured_endpoint
 from tiercache.store.retry import RetryableError, RetryPolicy
 from tiercache.store.s3_errors import translate_client_error, translate_transport_error
 from tiercache.store.s3_options import S3Options
@@ -99,6 +100,13 @@ class S3Store:
         upload_concurrency: int = 4,
     ) -> None:
         self.options = options or S3Options()
+        # Resolved once, so requests, messages and the namespace name the same endpoint.
+        self._endpoint_url = configured_endpoint(self.options.endpoint_url, os.environ)
+        self._namespace = (
+            AWS_NAMESPACE
+            if self._endpoint_url is None
+            else "s3:" + canonical_endpoint(self._endpoint_url)
+        )
         self.retry = retry or RetryPolicy()
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
@@ -122,12 +130,14 @@ class S3Store:
 
     @property
     def namespace(self) -> str:
-        return "s3:" + self.endpoint
+        """``s3:`` and the canonical endpoint (``s3:aws`` without one): one name per store."""
+        return self._namespace
 
     @property
     def endpoint(self) -> str:
-        """The endpoint requests go to, for messages (never carries credentials)."""
-        return self.options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or "aws"
+        """The endpoint requests go to as configured, for messages; endpoints with userinfo
+        are refused, so it never carries credentials."""
+        return self._endpoint_url or "aws"
 
     # -- the gateway -------------------------------------------------------------------------
 
@@ -155,8 +165,8 @@ class S3Store:
             response_checksum_validation="when_required",
         )
         kwargs: dict[str, Any] = {"config": config}
-        if opts.endpoint_url:
-            kwargs["endpoint_url"] = opts.endpoint_url
+        if self._endpoint_url is not None:
+            kwargs["endpoint_url"] = self._endpoint_url
         if opts.region:
             kwargs["region_name"] = opts.region
         if opts.key is not None:
@@ -274,16 +284,27 @@ class S3Store:
         return _info(bucket, key, len(data), resp)
 
     def upload_file(
-        self, bucket: str, key: str, path: str, metadata: Mapping[str, str] | None = None
+        self,
+        bucket: str,
+        key: str,
+        path: str,
+        metadata: Mapping[str, str] | None = None,
+        on_multipart: Callable[[str], None] | None = None,
     ) -> ObjectInfo:
         size = os.path.getsize(path)
         if size <= self._part_size:
             with open(path, "rb") as f:
                 return self.put_bytes(bucket, key, f.read(), metadata)
-        return self._multipart_upload(bucket, key, path, size, metadata or {})
+        return self._multipart_upload(bucket, key, path, size, metadata or {}, on_multipart)
 
     def _multipart_upload(
-        self, bucket: str, key: str, path: str, size: int, metadata: Mapping[str, str]
+        self,
+        bucket: str,
+        key: str,
+        path: str,
+        size: int,
+        metadata: Mapping[str, str],
+        on_multipart: Callable[[str], None] | None,
     ) -> ObjectInfo:
         created = self._call(
             "CreateMultipartUpload",
@@ -292,6 +313,12 @@ class S3Store:
             lambda c: c.create_multipart_upload(Bucket=bucket, Key=key, Metadata=dict(metadata)),
         )
         upload_id = created["UploadId"]
+        if on_multipart is not None:
+            try:
+                on_multipart(upload_id)
+            except BaseException:
+                self.abort_multipart(bucket, key, upload_id)
+                raise
         offsets = range(0, size, self._part_size)
         try:
             with ThreadPoolExecutor(self._upload_concurrency, "tiercache-upload") as pool:
@@ -310,7 +337,7 @@ class S3Store:
                 ),
             )
         except BaseException:
-            self._abort_upload(bucket, key, upload_id)
+            self.abort_multipart(bucket, key, upload_id)
             raise
         return _info(bucket, key, size, resp)
 
@@ -330,7 +357,7 @@ class S3Store:
         )
         return {"PartNumber": number, "ETag": resp["ETag"]}
 
-    def _abort_upload(self, bucket: str, key: str, upload_id: str) -> None:
+    def abort_multipart(self, bucket: str, key: str, upload_id: str) -> None:
         try:
             self._call(
                 "AbortMultipartUpload",

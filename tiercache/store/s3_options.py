@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tiercache.errors import ConfigError
+from tiercache.store.endpoint import canonical_endpoint, canonical_namespace, check_endpoint
+
+__all__ = ["AddressingStyle", "S3Options", "canonical_endpoint", "canonical_namespace"]
 
 AddressingStyle = Literal["auto", "path", "virtual"]
 
@@ -34,6 +37,9 @@ _ALIASES = {
 class S3Options:
     """Where the store is and how to authenticate; secrets never appear in ``repr``.
 
+    ``endpoint_url`` may not carry userinfo (``http://KEY:SECRET@host``): it would end up in
+    messages, cache metadata and the journal; the key and secret are options of their own.
+
     Unset values fall back to boto3's own chain (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
     ``AWS_PROFILE``, ``~/.aws/config`` …).
     """
@@ -49,13 +55,8 @@ class S3Options:
     verify: bool | str | None = None
 
     def __post_init__(self) -> None:
-        if self.endpoint_url is not None and not (
-            isinstance(self.endpoint_url, str)
-            and self.endpoint_url.startswith(("http://", "https://"))
-        ):
-            raise ConfigError(
-                f"s3 endpoint_url must start with http:// or https://, got {self.endpoint_url!r}"
-            )
+        if self.endpoint_url is not None:
+            check_endpoint(self.endpoint_url, "s3 endpoint_url")
         if self.addressing_style not in ("auto", "path", "virtual"):
             raise ConfigError(
                 f"s3 addressing_style must be auto, path or virtual, got {self.addressing_style!r}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -118,6 +119,12 @@ class CachedEntry:
 
 def write_atomically(path: str, payload: bytes, mode: int, durable: bool = True) -> None:
     """Write ``payload`` to ``path`` through a temp file and a rename: readers see old or new."""
+    install(prepare_file(path, payload, mode, durable), path)
+
+
+def prepare_file(path: str, payload: bytes, mode: int, durable: bool = True) -> str:
+    """Write ``payload`` to a temp file beside ``path`` and return its name (``install``
+    renames it into place). What can fail for lack of space fails here, changing nothing."""
     tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
@@ -125,12 +132,21 @@ def write_atomically(path: str, payload: bytes, mode: int, durable: bool = True)
         os.write(fd, payload)
         if durable:
             os.fsync(fd)
-    finally:
+    except BaseException:
         os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    return tmp
+
+
+def install(tmp: str, path: str) -> None:
+    """Rename a file made by ``prepare_file`` into place (removing it if that fails)."""
     try:
         os.rename(tmp, path)
     except BaseException:
-        os.unlink(tmp)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         raise
 
 

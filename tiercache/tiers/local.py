@@ -35,6 +35,8 @@ from tiercache.tiers.entry import (
     EntryMeta,
     EntryPaths,
     current_boot_id,
+    install,
+    prepare_file,
     read_meta,
     write_atomically,
 )
@@ -241,11 +243,20 @@ class LocalTier:
             os.fsync(fd)
             durable = True
         meta = dataclasses.replace(meta, boot_id=self.boot_id)
+        # The new metadata is written before the old entry is touched: a full disk fails
+        # here and leaves the old entry as it was.
+        tmp_meta = prepare_file(paths.meta, meta.to_json(), self.file_mode, durable=durable)
         with self._lock:  # a scan that overlaps the rename is not cached
             self._publishes = (self._publishes[0] + 1, self._publishes[1])
-        remove_file(paths.meta)
-        os.rename(src or paths.part, paths.data)
-        write_atomically(paths.meta, meta.to_json(), self.file_mode, durable=durable)
+        try:
+            remove_file(paths.meta)
+            os.rename(src or paths.part, paths.data)
+        except BaseException:
+            remove_file(tmp_meta)
+            with self._lock:
+                self._publishes = (self._publishes[0], self._publishes[1] + 1)
+            raise
+        install(tmp_meta, paths.meta)
         if durable:
             fsync_dir(os.path.dirname(paths.data))
         with self._lock:
@@ -277,15 +288,29 @@ class LocalTier:
         disk and as reserved: that started eviction early and took published entries.
         """
         if fresh:
-            return sum(row.size for row in self._scan())
+            return sum(row.size for row in self._scan()) + self.staging_bytes()
         with self._lock:
             cached, reserved, publishes = self._scan_cache, self._reserved, self._publishes
         if cached is not None and time.monotonic() - cached[0] < max_age:
             return cached[1] + reserved
         published = sum(row.size for row in self._scan(count_parts=False))
+        published += self.staging_bytes()
         self._cache_scan(published, publishes)
         with self._lock:  # after the scan: a fetch published meanwhile is no longer reserved
             return published + self._reserved
+
+    def staging_bytes(self) -> int:
+        """Bytes of files being written (or left by killed writers until ``fsck`` removes
+        them): they take the tier's space as much as its entries do."""
+        total = 0
+        try:
+            items = list(os.scandir(self.staging_dir))
+        except FileNotFoundError:
+            return 0
+        for item in items:
+            with suppress(FileNotFoundError):
+                total += item.stat(follow_symlinks=False).st_blocks * 512
+        return total
 
     def _cache_scan(self, published: int, publishes_before: tuple[int, int]) -> None:
         """Keep a scan's total unless a publish overlapped it (its entry may count twice)."""

@@ -1,19 +1,19 @@
 """``Uploader``: background threads that drain the write-behind journal into the store.
 
-Each pending object is uploaded by whoever holds its claim (``Journal.try_claim``), from a
-hard link of the exact generation recorded, after its bytes were checked against the
-recorded xxh3 digest. A commit marker (DCP's ``.metadata`` by default) waits until no other
-object under its directory is pending. Failures are retried with backoff until they succeed
-or ``upload_deadline`` passes; the record stays in the journal either way until it succeeds.
+Each pending object is uploaded by whoever holds its claim (``WriteState.try_claim``), from a
+private link of exactly the generation recorded, after its bytes were checked against the
+recorded xxh3 digest; ``WriteState.uploaded`` then makes the entry clean, unless a newer
+generation superseded it meanwhile (that one uploads next, after this upload ended). A
+commit marker (DCP's ``.metadata`` by default) waits until no other object under its
+directory is pending. Errors the store will repeat (4xx other than 408/429: access denied,
+no such bucket, a key it refuses) make the record FAILED at once; others are retried with
+backoff until they succeed or ``upload_deadline`` passes.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import os
 import posixpath
-import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -22,12 +22,20 @@ from tiercache import forksafe
 from tiercache.checkpoints import CheckpointRegistry
 from tiercache.config import TierCacheConfig
 from tiercache.digest import xxh3_file
-from tiercache.errors import CacheCorruptError
-from tiercache.journal import Journal, JournalRecord
+from tiercache.errors import (
+    AccessDeniedError,
+    ObjectNotFoundError,
+    StoreError,
+    StoreUnavailableError,
+    TierCacheError,
+)
 from tiercache.stats import Stats
 from tiercache.store.base import ObjectInfo, ObjectStore
+from tiercache.store.endpoint import canonical_namespace
 from tiercache.store.retry import RetryPolicy
-from tiercache.tiers.local import LocalTier, remove_file
+from tiercache.tiers.local import remove_file
+from tiercache.write.reconcile import reconcile
+from tiercache.write.state import Record, WriteState
 
 log = logging.getLogger("tiercache.uploader")
 
@@ -40,11 +48,22 @@ _DEFER_WHILE_WRITING = 10.0
 _QUIET_AFTER_WRITES = 0.3
 
 
+class _BytesLostError(TierCacheError):
+    """The recorded generation's bytes are gone or no longer match their digest."""
+
+
 @dataclass
 class _Attempts:
     count: int = 0
     not_before: float = 0.0
     last_error: str = ""
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """True for a store error that retrying cannot fix (the store said no, not "later")."""
+    if isinstance(exc, StoreUnavailableError):
+        return False
+    return isinstance(exc, (StoreError, AccessDeniedError, ObjectNotFoundError))
 
 
 class Uploader:
@@ -53,17 +72,16 @@ class Uploader:
     def __init__(
         self,
         config: TierCacheConfig,
-        tier: LocalTier,
-        journal: Journal,
+        state: WriteState,
         store: ObjectStore,
         stats: Stats,
         checkpoints: CheckpointRegistry,
     ) -> None:
         self._config = config
         self._checkpoints = checkpoints
-        self._tier = tier
-        self._journal = journal
+        self._state = state
         self._store = store
+        self._namespace = canonical_namespace(store.namespace)
         self._stats = stats
         self._backoff = RetryPolicy(attempts=1, base_delay=0.2, max_delay=30.0)
         self._reset()
@@ -133,17 +151,39 @@ class Uploader:
             attempts = self._attempts.get(entry_id, _Attempts())
             return attempts.count, attempts.last_error
 
+    def retry_now(self, entry_ids: list[str]) -> None:
+        """Forget backoff and deadlines for these objects and queue them (a flush asked)."""
+        self.start()
+        with self._cond:
+            for entry_id in entry_ids:
+                attempts = self._attempts.get(entry_id)
+                if attempts is not None:
+                    attempts.not_before = 0.0
+                if entry_id in self._queue:
+                    self._queue.remove(entry_id)
+                self._queue.insert(0, entry_id)  # ahead of uploads nobody is waiting for
+            self._forced.update(entry_ids)
+            self._cond.notify_all()
+
     # -- threads -------------------------------------------------------------------------
 
     def _scan(self) -> None:
         """Pick up records this process did not write: crashed writers, earlier runs."""
+        try:
+            reconcile(self._state, self._store)  # once per process: what crashes left
+        except FileNotFoundError:
+            return
+        except Exception as exc:  # a repair that fails must not stop the uploads
+            log.warning("reconciling the journal failed: %s", exc)
         while True:
             now = time.time()
             try:
-                records = self._journal.records(self._store.namespace)
+                records = self._ours(self._state.records())
             except FileNotFoundError:
                 return  # the cache directory was removed: nothing left to upload here
             for record in records:
+                if record.state != "dirty":
+                    continue
                 with self._cond:
                     attempts = self._attempts.get(record.entry_id)
                     due = attempts is None or attempts.not_before <= now
@@ -152,6 +192,9 @@ class Uploader:
                         self._queue.append(record.entry_id)
                         self._cond.notify_all()
             time.sleep(_SCAN_INTERVAL)
+
+    def _ours(self, records: list[Record]) -> list[Record]:
+        return [r for r in records if canonical_namespace(r.namespace) == self._namespace]
 
     def _work(self) -> None:
         while True:
@@ -185,12 +228,13 @@ class Uploader:
     # -- one upload ----------------------------------------------------------------------
 
     def _upload_one(self, entry_id: str) -> None:
-        claim = self._journal.try_claim(entry_id)
+        claim = self._state.try_claim(entry_id)
         if claim is None:
-            return  # another thread or process is uploading it
+            return  # another thread or process is uploading it; the scan comes back to it
         try:
-            record = self._journal.get(entry_id)
-            if record is None or record.namespace != self._store.namespace:
+            self._abort_dead_multipart(entry_id)
+            record = self._state.get(entry_id)
+            if record is None or record.state != "dirty" or not self._ours([record]):
                 return
             if self._past_deadline(record):
                 self._give_up(entry_id)
@@ -198,19 +242,41 @@ class Uploader:
             if self._waits_for_siblings(record):
                 self._defer(entry_id)
                 return
-            info = self._upload_generation(record)
-            if info is not None:
-                self._mark_clean(record, info)
+            try:
+                info = self._upload_generation(record)
+            except _BytesLostError as exc:
+                self._state.lost(record, str(exc))
+                self._stats.add("uploads_lost")
+                return
+            except Exception as exc:
+                if not is_permanent(exc):
+                    raise
+                self._state.failed(record, f"{type(exc).__name__}: {exc}")
+                self._stats.add("uploads_failed")
+                return
+            self._landed(record, info)
         finally:
-            self._journal.release(claim)
+            self._state.release(entry_id, claim)
 
-    def _past_deadline(self, record: JournalRecord) -> bool:
+    def _abort_dead_multipart(self, entry_id: str) -> None:
+        """A multipart upload recorded by an uploader that died holding this claim."""
+        left = self._state.read_multipart(entry_id)
+        if left is not None:
+            bucket, key, upload_id = left
+            try:
+                self._store.abort_multipart(bucket, key, upload_id)
+            except ObjectNotFoundError:
+                pass  # aborted or completed already
+            self._state.clear_multipart(entry_id)
+            self._stats.add("multipart_aborted")
+
+    def _past_deadline(self, record: Record) -> bool:
         deadline = self._config.upload_deadline
         with self._cond:
             forced = record.entry_id in self._forced
         return not forced and deadline is not None and time.time() - record.created_at > deadline
 
-    def _waits_for_siblings(self, record: JournalRecord) -> bool:
+    def _waits_for_siblings(self, record: Record) -> bool:
         """A commit marker goes last: wait while anything else under its directory is pending."""
         if posixpath.basename(record.key) != self._config.commit_marker:
             return False
@@ -220,7 +286,7 @@ class Uploader:
             other.bucket == record.bucket
             and other.key.startswith(prefix)
             and posixpath.basename(other.key) != self._config.commit_marker
-            for other in self._journal.records(self._store.namespace)
+            for other in self._ours(self._state.records())
         )
 
     def _give_up(self, entry_id: str) -> None:
@@ -232,20 +298,6 @@ class Uploader:
                 f"upload deadline passed ({attempts.last_error or 'no error recorded'}); "
                 "the object stays dirty until `tiercache flush` uploads it"
             )
-
-    def retry_now(self, entry_ids: list[str]) -> None:
-        """Forget backoff and deadlines for these objects and queue them (a flush asked)."""
-        self.start()
-        with self._cond:
-            for entry_id in entry_ids:
-                attempts = self._attempts.get(entry_id)
-                if attempts is not None:
-                    attempts.not_before = 0.0
-                if entry_id in self._queue:
-                    self._queue.remove(entry_id)
-                self._queue.insert(0, entry_id)  # ahead of uploads nobody is waiting for
-            self._forced.update(entry_ids)
-            self._cond.notify_all()
 
     def _defer(self, entry_id: str) -> None:
         """Park a commit marker; every finished upload puts the parked ones back in line."""
@@ -262,61 +314,33 @@ class Uploader:
             self._deferred.clear()
             self._cond.notify_all()
 
-    def _upload_generation(self, record: JournalRecord) -> ObjectInfo | None:
-        """Upload the recorded generation's bytes; None if they no longer exist anywhere."""
-        link = self._journal.upload_link(record.entry_id, record.generation)
-        if not self._link_bytes(record, link):
-            self._journal.remove(record.entry_id, record.generation)  # close() never finished
-            return None
+    def _upload_generation(self, record: Record) -> ObjectInfo:
+        """Upload exactly the recorded generation's bytes (hold the claim)."""
+        link = self._state.upload_copy(record)
+        if link is None:
+            raise _BytesLostError("the bytes of this version are no longer in the tier")
         try:
             if xxh3_file(link) != (record.size, record.digest):
-                raise CacheCorruptError(
-                    f"{record.source}: the staged bytes no longer match their digest; "
-                    "refusing to upload them"
-                )
-            return self._store.upload_file(
-                record.bucket, record.key, link, metadata={DIGEST_METADATA_KEY: record.digest}
+                raise _BytesLostError("its bytes in the tier no longer match their digest")
+            info = self._store.upload_file(
+                record.bucket,
+                record.key,
+                link,
+                metadata={DIGEST_METADATA_KEY: record.digest},
+                on_multipart=lambda upload_id: self._state.write_multipart(record, upload_id),
             )
+            # On failure the record of a multipart upload stays: the next claimant aborts it
+            # again, in case the store's own abort did not reach the store.
+            self._state.clear_multipart(record.entry_id)
+            return info
         finally:
             remove_file(link)
 
-    def _link_bytes(self, record: JournalRecord, link: str) -> bool:
-        """Hard-link the bytes of exactly this generation, so an overwrite cannot mix in."""
-        remove_file(link)
-        entry = self._tier.lookup(record.entry_id, record.namespace, record.source)
-        candidates = []
-        if entry is not None and entry.meta.generation == record.generation:
-            candidates.append(entry.paths.data)
-        candidates.append(record.staged)
-        for path in candidates:
-            try:
-                os.link(path, link, follow_symlinks=False)
-                return True
-            except FileNotFoundError:
-                continue
-            except OSError:  # no hard links here: copy (the entry lock keeps it stable)
-                with self._tier.entry_lock(record.entry_id, self._config.lock_timeout):
-                    if os.path.exists(path):
-                        shutil.copyfile(path, link, follow_symlinks=False)
-                        return True
-        return False
-
-    def _mark_clean(self, record: JournalRecord, info: ObjectInfo) -> None:
-        with self._tier.entry_lock(record.entry_id, self._config.lock_timeout):
-            entry = self._tier.lookup(record.entry_id, record.namespace, record.source)
-            if entry is not None and entry.meta.generation == record.generation:
-                now = time.time()
-                meta = dataclasses.replace(
-                    entry.meta,
-                    state="clean",
-                    etag=info.etag,
-                    validated_at=now,
-                    last_modified=info.last_modified or now,
-                )
-                self._tier.replace_meta(entry, meta)
-            self._journal.remove(record.entry_id, record.generation)
-        if posixpath.basename(record.key) == self._config.commit_marker:
+    def _landed(self, record: Record, info: ObjectInfo) -> None:
+        if self._state.uploaded(record, info) and (
+            posixpath.basename(record.key) == self._config.commit_marker
+        ):
             self._checkpoints.committed(record.bucket, posixpath.dirname(record.key))
         self._stats.add("uploads")
-        self._requeue_deferred()
         self._stats.add("bytes_uploaded", record.size)
+        self._requeue_deferred()

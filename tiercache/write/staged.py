@@ -1,13 +1,16 @@
 """``StagedWriteFile``: ``open(..., "wb")`` stages bytes in the tier; a committer takes them.
 
 Bytes go to a file in the tier's staging area while their xxh3 digest is computed; on
-``close()`` the committer (``write_through`` or ``write_behind``) sends them on. If the
+``close()`` the committer (``write.behind`` or ``write.through``) sends them on. If the
 ``with`` block raises, nothing is committed: a half-written object never reaches the store.
+The writer holds a ``flock`` on its staged file, so ``reconcile`` can tell the files of live
+writers from those a killed writer left behind.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import io
 import os
 from collections.abc import Callable
@@ -66,7 +69,11 @@ class StagedWriteFile(io.RawIOBase):
         self._on_close = on_close
         self._staged = tier.staging_path(entry_id)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        self._fd = os.open(self._staged, flags, tier.file_mode)
+        try:
+            self._fd = os.open(self._staged, flags, tier.file_mode)
+        except OSError as exc:
+            raise _tier_full(exc, path, 0, self._staged) from exc
+        fcntl.flock(self._fd, fcntl.LOCK_EX)  # a live writer's file (see reconcile)
         self._hasher = xxhash.xxh3_64()
         self._size = 0
         self._fd_exposed = False
@@ -101,14 +108,7 @@ class StagedWriteFile(io.RawIOBase):
                 done += os.write(self._fd, view[done:])
         except OSError as exc:
             self._broken = True  # a file missing bytes must never be committed
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise TierFullError(
-                    exc.errno,
-                    f"no space left in the local tier while writing {self.path} "
-                    f"({self._size + done} bytes written); nothing of it will be uploaded",
-                    self._staged,
-                ) from exc
-            raise
+            raise _tier_full(exc, self.path, self._size + done, self._staged) from exc
         self._hasher.update(view)
         self._size += done
         return done
@@ -120,7 +120,10 @@ class StagedWriteFile(io.RawIOBase):
             self.discard()
             return
         try:
-            os.fsync(self._fd)
+            try:
+                os.fsync(self._fd)  # delayed allocation can report ENOSPC only here
+            except OSError as exc:
+                raise _tier_full(exc, self.path, self._size, self._staged) from exc
             size, digest = self._size, self._hasher.hexdigest()
             if self._fd_exposed:
                 size, digest = xxh3_file(self._staged)
@@ -162,3 +165,15 @@ class StagedWriteFile(io.RawIOBase):
             self._on_close()
         os.close(self._fd)
         remove_file(self._staged)  # gone already if the committer moved it into the tier
+
+
+def _tier_full(exc: OSError, path: str, written: int, staged: str) -> OSError:
+    """ENOSPC/EDQUOT as the documented ``TierFullError``; other errors unchanged."""
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return exc
+    return TierFullError(
+        exc.errno,
+        f"no space left in the local tier while writing {path} ({written} bytes written); "
+        "nothing of it will be uploaded",
+        staged,
+    )

@@ -1,0 +1,253 @@
+"""Reconciliation and scrub: what crashes and bad disks leave is repaired or reported.
+
+Nothing is dropped in silence. ``reconcile_journal`` (every ``flush``) looks at the records:
+a torn one is rebuilt from the dirty entry it belongs to, a record whose bytes are gone is
+relinked from the entry when that holds the same generation, and anything beyond repair
+becomes a LOST record that ``pending``, ``status`` and ``flush`` report until discarded.
+``reconcile`` (``tiercache fsck``, ``tiercache flush``, and once in the background when a
+process starts uploading) also journals dirty entries that have no record, removes what dead
+processes left (staging files, bytes no record names, upload links, claim files, multipart
+uploads) and, with ``scrub``, checks every whole entry against its digest: a corrupt clean
+entry is evicted, a corrupt dirty one reported lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tiercache.digest import xxh3_file
+from tiercache.errors import ObjectNotFoundError, StoreError
+from tiercache.store.base import ObjectStore
+from tiercache.tiers.entry import read_meta
+from tiercache.tiers.local import entry_files, remove_file
+from tiercache.write.state import Record, WriteState, adopt_entry
+
+log = logging.getLogger("tiercache.write")
+_STAGING_GRACE = 10.0  # seconds: a staged file this young may not be locked by its writer yet
+
+
+@dataclass
+class ReconcileReport:
+    """What a reconciliation found and did."""
+
+    repaired: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    corrupt_evicted: list[str] = field(default_factory=list)
+    entries_checked: int = 0
+    leftovers_removed: int = 0
+    multipart_aborted: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def reconcile_journal(state: WriteState, report: ReconcileReport | None = None) -> ReconcileReport:
+    """Repair or report records that are torn or whose bytes are gone."""
+    report = report if report is not None else ReconcileReport()
+    for entry_id in state.record_ids():
+        record = state.get(entry_id)
+        if record is not None and (
+            record.state != "dirty" or os.path.exists(state.bytes_path(entry_id, record.generation))
+        ):
+            continue
+        with state.tier.entry_lock(entry_id, state.lock_timeout) as paths:
+            record = state.get(entry_id)
+            if not os.path.exists(state.path(entry_id, "json")):
+                continue  # uploaded or superseded meanwhile
+            entry = read_meta(paths.meta)
+            if record is None:
+                _rebuild_torn(state, entry_id, entry, report)
+            elif record.state != "dirty" or os.path.exists(
+                state.bytes_path(entry_id, record.generation)
+            ):
+                continue
+            elif (
+                entry is not None
+                and entry.state == "dirty"
+                and (entry.generation >= record.generation)
+            ):
+                _report(adopt_entry(state, paths, entry), report)
+            else:
+                lost = dataclasses.replace(
+                    record, state="lost", error="its bytes are no longer in the tier"
+                )
+                state.write_recovered(lost)
+                log.error("pending write of %s is lost: %s", lost.name, lost.error)
+                report.lost.append(lost.name)
+    return report
+
+
+def _rebuild_torn(state: WriteState, entry_id: str, entry: Any, report: ReconcileReport) -> None:
+    """A record that cannot be read: rebuild it from its dirty entry, or report it lost."""
+    paths = state.tier.paths(entry_id)
+    if entry is not None and entry.state == "dirty":
+        _report(adopt_entry(state, paths, entry), report)
+        return
+    try:
+        written = os.stat(state.path(entry_id, "json")).st_mtime
+    except OSError:
+        written = time.time()
+    lost = Record(
+        entry_id=entry_id,
+        bucket="",
+        key="",
+        source="",
+        namespace="",
+        size=0,
+        digest="",
+        generation=0,
+        created_at=written,
+        state="lost",
+        error="its journal record is unreadable and the tier holds no pending copy",
+    )
+    state.write_recovered(lost)
+    log.error("a pending write is lost: %s (%s)", lost.name, lost.error)
+    report.lost.append(lost.name)
+
+
+def _report(record: Record | None, report: ReconcileReport) -> None:
+    if record is None:
+        return
+    (report.lost if record.state == "lost" else report.repaired).append(record.name)
+
+
+def reconcile(
+    state: WriteState, store: ObjectStore | None = None, scrub: bool = False
+) -> ReconcileReport:
+    """Everything ``reconcile_journal`` does, plus dirty entries without a record, leftovers
+    of dead processes and, with ``scrub``, a digest check of every whole entry."""
+    report = reconcile_journal(state)
+    for entry_id in _entry_ids(state):
+        _check_entry(state, entry_id, scrub, report)
+    _remove_leftovers(state, store, report)
+    return report
+
+
+def _entry_ids(state: WriteState) -> list[str]:
+    found = []
+    objects = state.tier.objects_dir
+    for shard in os.listdir(objects):
+        try:
+            names = os.listdir(os.path.join(objects, shard))
+        except (NotADirectoryError, FileNotFoundError):
+            continue
+        found += [n[:64] for n in names if n.endswith(".meta") and len(n) == 69]
+    return found
+
+
+def _check_entry(state: WriteState, entry_id: str, scrub: bool, report: ReconcileReport) -> None:
+    paths = state.tier.paths(entry_id)
+    meta = read_meta(paths.meta)
+    if meta is None or (meta.state != "dirty" and not scrub):
+        return
+    with state.tier.entry_lock(entry_id, state.lock_timeout):
+        meta = read_meta(paths.meta)
+        if meta is None:
+            return
+        record = state.get(entry_id)
+        has_record_file = os.path.exists(state.path(entry_id, "json"))
+        if meta.state == "dirty" and not has_record_file:
+            _report(adopt_entry(state, paths, meta), report)
+            return
+        if not scrub:
+            return
+        report.entries_checked += 1
+        try:
+            intact = xxh3_file(paths.data) == (meta.size, meta.digest)
+        except OSError:
+            intact = False
+        if intact:
+            return
+        name = meta.source.removeprefix("s3://")
+        if meta.state == "clean":
+            for path in entry_files(paths):
+                remove_file(path)
+            log.error("evicted %s: its cached bytes did not match their digest", name)
+            report.corrupt_evicted.append(name)
+        elif (
+            record is not None and record.generation == meta.generation and (record.state != "lost")
+        ):
+            lost = dataclasses.replace(
+                record, state="lost", error="its cached bytes no longer match their digest"
+            )
+            state.write_recovered(lost)
+            log.error("pending write of %s is lost: %s", lost.name, lost.error)
+            report.lost.append(lost.name)
+
+
+def _remove_leftovers(
+    state: WriteState, store: ObjectStore | None, report: ReconcileReport
+) -> None:
+    """Staging files of dead writers, and journal files no live record or upload needs."""
+    now = time.time()
+    for name in os.listdir(state.tier.staging_dir):
+        path = os.path.join(state.tier.staging_dir, name)
+        if _abandoned(path, now):
+            remove_file(path)
+            report.leftovers_removed += 1
+    by_entry: dict[str, list[str]] = {}
+    for name in os.listdir(state.dir):
+        if len(name) > 65 and name[64] == "." and not name.endswith(".json"):
+            by_entry.setdefault(name[:64], []).append(name[65:])
+    for entry_id, suffixes in by_entry.items():
+        claim = state.try_claim(entry_id)
+        if claim is None:
+            continue  # an upload or a direct store change is running: its files are live
+        try:
+            _clean_entry_files(state, store, entry_id, suffixes, report)
+        finally:
+            state.release(entry_id, claim)
+
+
+def _clean_entry_files(
+    state: WriteState,
+    store: ObjectStore | None,
+    entry_id: str,
+    suffixes: list[str],
+    report: ReconcileReport,
+) -> None:
+    """Hold the claim: no upload of this object is running."""
+    if "mpu" in suffixes and store is not None:
+        left = state.read_multipart(entry_id)
+        if left is not None:
+            try:
+                store.abort_multipart(*left)
+                report.multipart_aborted += 1
+            except ObjectNotFoundError:
+                pass
+            except (StoreError, OSError) as exc:
+                log.warning("could not abort a dead multipart upload: %s", exc)
+                return
+            state.clear_multipart(entry_id)
+    with state.tier.entry_lock(entry_id, state.lock_timeout):
+        record = state.get(entry_id)
+        live = f"{record.generation}.bytes" if record is not None else None
+        for suffix in suffixes:
+            # Under the entry lock no commit is running: its temp files are a dead one's.
+            stale = ".up." in suffix or suffix.endswith((".uploading", ".tmp"))
+            if stale or (suffix.endswith(".bytes") and suffix != live):
+                remove_file(state.path(entry_id, suffix))
+                report.leftovers_removed += 1
+
+
+def _abandoned(path: str, now: float) -> bool:
+    """A staged file whose writer is gone: old enough, and nobody holds its lock."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if now - os.fstat(fd).st_mtime < _STAGING_GRACE:  # every write moves the mtime
+            return False
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)

@@ -1,0 +1,494 @@
+"""``WriteState``: the one owner of an object's write state, from ``close()`` to the upload.
+
+Each object written behind moves through these states; every transition is made under the
+entry's inter-process lock (``LocalTier.entry_lock``), so a record and the bytes it names
+always come from the same writer::
+
+    (none|CLEAN) ──commit(g)──► DIRTY(g) ──uploaded(g)──► CLEAN
+                                  │   └──commit(g+1)──► DIRTY(g+1)   g is SUPERSEDED: never
+                                  │                                  uploaded after g+1
+                                  ├──failed(g)──► FAILED(g) ──retry──► DIRTY(g)
+                                  └──bytes missing or corrupt──► LOST(g)
+    store_written (rm, write-through, pipe, put, copy): DIRTY/FAILED/LOST(g) ──► none
+
+On disk, in ``ROOT/journal/``::
+
+    <id>.json            the record: bucket, key, generation, size, digest, state, error
+    <id>.<g>.bytes       generation g's bytes: a hard link of the staged file, so a newer
+                         write (a new inode) can never change what a record names
+    <id>.upload          flock of the one process changing the object in the store
+    <id>.<g>.up.<token>  the private link an upload reads from
+    <id>.mpu             a multipart upload in flight (aborted when its uploader died)
+
+``close()`` is acknowledged once the bytes, the published dirty entry and the record are
+durable. A record is removed only by the upload of exactly its generation, by a newer
+generation's commit, or by a change that reached the store directly (``store_written``);
+FAILED and LOST records stay until the user retries or discards them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import logging
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tiercache.digest import xxh3_file
+from tiercache.errors import TierFullError
+from tiercache.store.base import ObjectInfo
+from tiercache.tiers.entry import (
+    EntryMeta,
+    EntryPaths,
+    install,
+    prepare_file,
+    read_meta,
+    write_atomically,
+)
+from tiercache.tiers.local import LocalTier, entry_files, fsync_dir, remove_file
+from tiercache.tiers.locks import lock, try_lock, unlock
+from tiercache.write.staged import StagedObject
+
+RECORD_VERSION = 2
+RecordState = Literal["dirty", "failed", "lost"]
+log = logging.getLogger("tiercache.write")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Record:
+    """One acknowledged version of an object that is not (yet) in the store."""
+
+    entry_id: str
+    bucket: str
+    key: str
+    source: str
+    namespace: str
+    size: int
+    digest: str
+    generation: int
+    created_at: float
+    state: RecordState = "dirty"
+    error: str = ""
+    version: int = RECORD_VERSION
+
+    @property
+    def name(self) -> str:
+        return f"{self.bucket}/{self.key}" if self.bucket else f"<entry {self.entry_id[:16]}>"
+
+    def to_json(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Record | None:
+        """Parse a record; a torn or foreign one gives None (``reconcile`` reports it)."""
+        try:
+            fields: dict[str, Any] = json.loads(raw)
+            if not isinstance(fields, dict):
+                return None
+            if fields.get("version") == 1:  # written before generations had their own bytes
+                fields.pop("staged", None)
+                fields["version"] = RECORD_VERSION
+            record = cls(**fields)
+        except (ValueError, TypeError):
+            return None
+        valid = (
+            record.version == RECORD_VERSION
+            and _is_entry_id(record.entry_id)
+            and isinstance(record.size, int)
+            and isinstance(record.generation, int)
+            and isinstance(record.digest, str)
+            and record.state in ("dirty", "failed", "lost")
+        )
+        return record if valid else None
+
+
+@dataclass(frozen=True)
+class StoreWrite:
+    """A direct change of one object in the store, made while holding its upload claim."""
+
+    entry_id: str
+    superseded: int | None  # the generation pending when the claim was taken
+
+
+class WriteState:
+    """The write-behind journal of one local tier and the transitions of its records."""
+
+    def __init__(self, tier: LocalTier, lock_timeout: float) -> None:
+        self.tier = tier
+        self.dir = os.path.join(tier.root, "journal")
+        os.makedirs(self.dir, mode=tier.dir_mode, exist_ok=True)
+        self._mode = tier.file_mode
+        self.lock_timeout = lock_timeout
+
+    # -- names -------------------------------------------------------------------------------
+
+    def path(self, entry_id: str, suffix: str) -> str:
+        if not _is_entry_id(entry_id):
+            raise ValueError(f"not an entry id: {entry_id!r}")
+        return os.path.join(self.dir, f"{entry_id}.{suffix}")
+
+    def bytes_path(self, entry_id: str, generation: int) -> str:
+        return self.path(entry_id, f"{generation}.bytes")
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def get(self, entry_id: str) -> Record | None:
+        """The object's record; None when it has none (or an unreadable one)."""
+        try:
+            with open(self.path(entry_id, "json"), "rb") as f:
+                return Record.from_json(f.read())
+        except FileNotFoundError:
+            return None
+
+    def record_ids(self) -> list[str]:
+        """Entry ids of every record file, readable or not."""
+        names = os.listdir(self.dir)
+        return [n[:64] for n in names if n.endswith(".json") and len(n) == 69]
+
+    def records(self) -> list[Record]:
+        """Readable records of every store, oldest first (callers compare namespaces with
+        ``canonical_namespace``: old records hold the endpoint as it was spelled)."""
+        found = []
+        for entry_id in self.record_ids():
+            record = self.get(entry_id)
+            if record is not None:
+                found.append(record)
+        return sorted(found, key=lambda r: (r.created_at, r.generation))
+
+    # -- DIRTY: a new generation -------------------------------------------------------------
+
+    def commit(self, staged: StagedObject, namespace: str) -> Record:
+        """Make ``staged`` the object's newest version: its own bytes, the dirty cache entry
+        and the record, all durable, under the entry lock. The previous generation is
+        superseded only once the new record is durable; on any failure it stays as it was."""
+        with self.tier.entry_lock(staged.entry_id, self.lock_timeout) as paths:
+            previous = self.get(staged.entry_id)
+            entry = read_meta(paths.meta)
+            generation = max(
+                time.time_ns(),
+                previous.generation + 1 if previous else 0,
+                entry.generation + 1 if entry else 0,
+            )
+            now = time.time()
+            record = Record(
+                entry_id=staged.entry_id,
+                bucket=staged.bucket,
+                key=staged.key,
+                source=staged.source,
+                namespace=namespace,
+                size=staged.size,
+                digest=staged.digest,
+                generation=generation,
+                created_at=now,
+            )
+            meta = EntryMeta(
+                source=staged.source,
+                namespace=namespace,
+                size=staged.size,
+                etag="",
+                digest=staged.digest,
+                fetched_at=now,
+                validated_at=now,
+                last_modified=now,
+                state="dirty",
+                generation=generation,
+            )
+            own_bytes = self.bytes_path(staged.entry_id, generation)
+            record_path = self.path(staged.entry_id, "json")
+            record_tmp: str | None = None
+            installed = False
+            try:
+                # Everything that needs space first; then renames only.
+                _link_or_copy(staged.path, own_bytes)
+                record_tmp = prepare_file(record_path, record.to_json(), self._mode)
+                self.tier.publish(paths, staged.fd, meta, src=staged.path, durable=True)
+                install(record_tmp, record_path)
+                installed = True
+                fsync_dir(self.dir)
+            except BaseException as exc:
+                if record_tmp is not None and not installed:
+                    remove_file(record_tmp)
+                if installed:
+                    self._put_back(staged.entry_id, previous)
+                remove_file(own_bytes)
+                self._restore(paths, previous, generation)
+                if isinstance(exc, OSError) and _is_full(exc):
+                    raise TierFullError(
+                        exc.errno,
+                        f"no space left in the local tier to commit {record.name}; "
+                        "nothing of this write will be uploaded",
+                        self.tier.root,
+                    ) from exc
+                raise
+            if previous is not None and previous.generation != generation:
+                remove_file(self.bytes_path(staged.entry_id, previous.generation))
+            return record
+
+    def _restore(self, paths: EntryPaths, previous: Record | None, failed: int) -> None:
+        """After a failed commit of generation ``failed``: the entry shows the previous
+        pending version as before, or (none pending) what it held, or nothing."""
+        entry = read_meta(paths.meta)
+        if previous is None and entry is not None and entry.generation != failed:
+            return  # the commit failed before it touched the entry
+        if previous is not None and entry is not None and entry.generation == previous.generation:
+            return
+        try:
+            for path in entry_files(paths):
+                remove_file(path)
+            if previous is not None:
+                self._publish_generation(paths, previous)
+        except OSError as exc:  # the record is intact: the upload still happens
+            log.warning("could not restore the cache entry of %s: %s", previous, exc)
+
+    def _put_back(self, entry_id: str, previous: Record | None) -> None:
+        """Undo a record installed by a commit that then failed."""
+        try:
+            if previous is None:
+                remove_file(self.path(entry_id, "json"))
+                fsync_dir(self.dir)
+            else:
+                self._write(previous)
+        except OSError as exc:
+            log.warning("could not put back the record of %s: %s", previous, exc)
+
+    def _publish_generation(self, paths: EntryPaths, record: Record) -> None:
+        """Publish a record's own bytes as its dirty entry (hold the entry lock)."""
+        remove_file(paths.part)
+        _link_or_copy(self.bytes_path(record.entry_id, record.generation), paths.part)
+        fd = os.open(paths.part, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            meta = EntryMeta(
+                source=record.source,
+                namespace=record.namespace,
+                size=record.size,
+                etag="",
+                digest=record.digest,
+                fetched_at=record.created_at,
+                validated_at=record.created_at,
+                last_modified=record.created_at,
+                state="dirty",
+                generation=record.generation,
+            )
+            self.tier.publish(paths, fd, meta, durable=True)
+        finally:
+            os.close(fd)
+
+    # -- CLEAN, FAILED, LOST -----------------------------------------------------------------
+
+    def uploaded(self, record: Record, info: ObjectInfo) -> bool:
+        """The store holds exactly ``record``'s bytes: its entry becomes clean. False when a
+        newer generation (or a direct store change) superseded it meanwhile."""
+        with self.tier.entry_lock(record.entry_id, self.lock_timeout) as paths:
+            current = self.get(record.entry_id)
+            if current is None or current.generation != record.generation:
+                return False
+            entry = read_meta(paths.meta)
+            if entry is not None and entry.generation == record.generation:
+                now = time.time()
+                clean = dataclasses.replace(
+                    entry,
+                    state="clean",
+                    etag=info.etag,
+                    validated_at=now,
+                    last_modified=info.last_modified or now,
+                )
+                write_atomically(paths.meta, clean.to_json(), self._mode, durable=False)
+            elif entry is not None and entry.generation < record.generation:
+                for path in entry_files(paths):  # older bytes than the store's: drop them
+                    remove_file(path)
+            self._remove(record)
+            if entry is not None and entry.generation > record.generation:
+                adopt_entry(self, paths, entry)  # a commit died between publish and record
+            return True
+
+    def failed(self, record: Record, error: str) -> None:
+        """The store refused this generation for good: keep it, out of the upload queue."""
+        self._set_state(record, "failed", error)
+        log.error("upload of %s failed for good: %s", record.name, error)
+
+    def lost(self, record: Record, reason: str) -> None:
+        """This generation's bytes are gone or corrupt: say so until the user discards it."""
+        self._set_state(record, "lost", reason)
+        log.error("pending write of %s is lost: %s", record.name, reason)
+
+    def retry(self, entry_id: str) -> bool:
+        """FAILED → DIRTY (``flush(retry_failed=True)``)."""
+        with self.tier.entry_lock(entry_id, self.lock_timeout):
+            current = self.get(entry_id)
+            if current is None or current.state != "failed":
+                return False
+            self._write(dataclasses.replace(current, state="dirty", error=""))
+            return True
+
+    def _set_state(self, record: Record, state: RecordState, error: str) -> None:
+        with self.tier.entry_lock(record.entry_id, self.lock_timeout):
+            current = self.get(record.entry_id)
+            if current is None:  # a record only the name of its file survived: rebuild it
+                self._write(dataclasses.replace(record, state=state, error=error))
+            elif current.generation == record.generation:
+                self._write(dataclasses.replace(current, state=state, error=error))
+
+    # -- direct changes of the store (rm, write-through, pipe, put, copy) --------------------
+
+    @contextmanager
+    def store_write(self, entry_id: str) -> Iterator[StoreWrite]:
+        """Hold the object's upload claim while the caller changes it in the store, so that
+        no upload of an older pending version can land after the caller's change."""
+        claim = self.claim(entry_id, self.lock_timeout)
+        try:
+            before = self.get(entry_id)
+            yield StoreWrite(entry_id, before.generation if before else None)
+        finally:
+            self.release(entry_id, claim)
+
+    def store_written(
+        self, change: StoreWrite, paths_hook: Callable[[EntryPaths], None] | None = None
+    ) -> bool:
+        """The caller's change reached the store: what was pending before is superseded and
+        the entry dropped (or, with ``paths_hook``, replaced by the caller's bytes). False,
+        touching nothing, when a newer write-behind version was committed meanwhile: it
+        keeps its entry and uploads after the caller's change."""
+        with self.tier.entry_lock(change.entry_id, self.lock_timeout) as paths:
+            current = self.get(change.entry_id)
+            if current is not None and current.generation != change.superseded:
+                return False
+            if current is not None:
+                self._remove(current)
+            remove_file(self.path(change.entry_id, "json"))  # an unreadable record is moot now
+            for path in entry_files(paths):
+                remove_file(path)
+            if paths_hook is not None:
+                paths_hook(paths)
+            return True
+
+    def discard(self, entry_id: str) -> Record | None:
+        """Drop a pending, failed or lost version without uploading it (``fs.discard``); the
+        reader then gets the store's version."""
+        with self.store_write(entry_id) as change:
+            record = self.get(entry_id)
+            return record if self.store_written(change) else None
+
+    # -- the upload claim --------------------------------------------------------------------
+
+    def try_claim(self, entry_id: str) -> int | None:
+        return try_lock(self.path(entry_id, "upload"), self._mode)
+
+    def claim(self, entry_id: str, timeout: float) -> int:
+        return lock(self.path(entry_id, "upload"), self._mode, timeout, "uploading it")
+
+    def release(self, entry_id: str, claim: int) -> None:
+        """Give the claim back; its file goes (waiters notice the new inode and retry)."""
+        remove_file(self.path(entry_id, "upload"))
+        unlock(claim)
+
+    def upload_copy(self, record: Record) -> str | None:
+        """A private link of exactly ``record``'s bytes to upload from; None if they are gone.
+        Hold the claim; remove the link when done."""
+        private = self.path(record.entry_id, f"{record.generation}.up.{secrets.token_hex(4)}")
+        try:
+            _link_or_copy(self.bytes_path(record.entry_id, record.generation), private)
+            return private
+        except FileNotFoundError:
+            return None
+
+    def write_multipart(self, record: Record, upload_id: str) -> None:
+        payload = json.dumps({"bucket": record.bucket, "key": record.key, "upload_id": upload_id})
+        write_atomically(self.path(record.entry_id, "mpu"), payload.encode(), self._mode)
+
+    def read_multipart(self, entry_id: str) -> tuple[str, str, str] | None:
+        """The multipart upload a dead uploader left (bucket, key, upload id), if any."""
+        try:
+            with open(self.path(entry_id, "mpu"), "rb") as f:
+                row = json.loads(f.read())
+            return str(row["bucket"]), str(row["key"]), str(row["upload_id"])
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError):
+            remove_file(self.path(entry_id, "mpu"))
+            return None
+
+    def clear_multipart(self, entry_id: str) -> None:
+        remove_file(self.path(entry_id, "mpu"))
+
+    # -- storage -----------------------------------------------------------------------------
+
+    def _write(self, record: Record) -> None:
+        write_atomically(self.path(record.entry_id, "json"), record.to_json(), self._mode)
+        fsync_dir(self.dir)
+
+    def _remove(self, record: Record) -> None:
+        remove_file(self.path(record.entry_id, "json"))
+        remove_file(self.bytes_path(record.entry_id, record.generation))
+        fsync_dir(self.dir)
+
+    def write_recovered(self, record: Record) -> None:
+        """Write a record rebuilt by ``reconcile`` (hold the entry lock)."""
+        self._write(record)
+
+
+def adopt_entry(state: WriteState, paths: EntryPaths, entry: EntryMeta) -> Record | None:
+    """Journal a dirty entry that has no record, from its own bytes (hold the entry lock).
+
+    The bytes are checked against the entry's digest first; a mismatch makes a LOST record.
+    """
+    entry_id = os.path.basename(paths.data)[:64]
+    bucket, _, key = entry.source.removeprefix("s3://").partition("/")
+    record = Record(
+        entry_id=entry_id,
+        bucket=bucket,
+        key=key,
+        source=entry.source,
+        namespace=entry.namespace,
+        size=entry.size,
+        digest=entry.digest,
+        generation=entry.generation,
+        created_at=entry.fetched_at,
+    )
+    try:
+        intact = xxh3_file(paths.data) == (entry.size, entry.digest)
+        if intact:
+            remove_file(state.bytes_path(entry_id, entry.generation))
+            _link_or_copy(paths.data, state.bytes_path(entry_id, entry.generation))
+    except OSError as exc:
+        intact = False
+        log.error("cannot read the dirty entry of %s: %s", record.name, exc)
+    if not intact:
+        record = dataclasses.replace(
+            record, state="lost", error="its cached bytes no longer match their digest"
+        )
+        log.error("pending write of %s is lost: %s", record.name, record.error)
+    state.write_recovered(record)
+    return record
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """Give ``src``'s bytes a second name; copy them where the filesystem has no hard links."""
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except FileNotFoundError:
+        raise
+    except OSError:
+        shutil.copyfile(src, dst, follow_symlinks=False)
+        with suppress(OSError):
+            fd = os.open(dst, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def _is_full(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _is_entry_id(value: Any) -> bool:
+    return (
+        isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+    )
