@@ -41,6 +41,7 @@ log = logging.getLogger("tiercache.uploader")
 
 DIGEST_METADATA_KEY = "tiercache-xxh3"
 _SCAN_INTERVAL = 1.0
+_BUSY_RETRY = 0.1  # seconds before a flushed object whose claim was busy is tried again
 # Uploads wait (at most _DEFER_WHILE_WRITING seconds) until this process has written nothing
 # behind for _QUIET_AFTER_WRITES seconds: a checkpoint is a burst of files, and uploads racing
 # it on a busy host slow the very close() calls write-behind exists to make fast.
@@ -204,12 +205,12 @@ class Uploader:
                 self._active.add(entry_id)
                 self._wait_for_quiet(entry_id)
             try:
-                self._upload_one(entry_id)
+                handled = self._upload_one(entry_id)
             except Exception as exc:  # recorded and retried: an upload error is never fatal
                 self._failed(entry_id, exc)
             else:
                 with self._cond:
-                    if entry_id not in self._deferred:
+                    if handled and entry_id not in self._deferred:
                         self._attempts.pop(entry_id, None)
                         self._forced.discard(entry_id)
             finally:
@@ -227,34 +228,42 @@ class Uploader:
 
     # -- one upload ----------------------------------------------------------------------
 
-    def _upload_one(self, entry_id: str) -> None:
+    def _upload_one(self, entry_id: str) -> bool:
+        """Upload one object if its claim is free; False when it was not."""
         claim = self._state.try_claim(entry_id)
-        if claim is None:
-            return  # another thread or process is uploading it; the scan comes back to it
+        if claim is None:  # another thread or process is uploading it (maybe an older version)
+            with self._cond:
+                waited_for = entry_id in self._forced
+            if waited_for:  # a flush waits: look again soon rather than at the next scan
+                again = threading.Timer(_BUSY_RETRY, self.submit, (entry_id,))
+                again.daemon = True
+                again.start()
+            return False
         try:
             self._abort_dead_multipart(entry_id)
             record = self._state.get(entry_id)
             if record is None or record.state != "dirty" or not self._ours([record]):
-                return
+                return True
             if self._past_deadline(record):
                 self._give_up(entry_id)
-                return
+                return True
             if self._waits_for_siblings(record):
                 self._defer(entry_id)
-                return
+                return True
             try:
                 info = self._upload_generation(record)
             except _BytesLostError as exc:
                 self._state.lost(record, str(exc))
                 self._stats.add("uploads_lost")
-                return
+                return True
             except Exception as exc:
                 if not is_permanent(exc):
                     raise
                 self._state.failed(record, f"{type(exc).__name__}: {exc}")
                 self._stats.add("uploads_failed")
-                return
+                return True
             self._landed(record, info)
+            return True
         finally:
             self._state.release(entry_id, claim)
 
@@ -337,9 +346,9 @@ class Uploader:
             remove_file(link)
 
     def _landed(self, record: Record, info: ObjectInfo) -> None:
-        if self._state.uploaded(record, info) and (
-            posixpath.basename(record.key) == self._config.commit_marker
-        ):
+        if not self._state.uploaded(record, info):
+            self.submit(record.entry_id)  # superseded meanwhile: the newer version goes next
+        elif posixpath.basename(record.key) == self._config.commit_marker:
             self._checkpoints.committed(record.bucket, posixpath.dirname(record.key))
         self._stats.add("uploads")
         self._stats.add("bytes_uploaded", record.size)
