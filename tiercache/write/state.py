@@ -188,18 +188,7 @@ class WriteState:
                 generation=generation,
                 created_at=now,
             )
-            meta = EntryMeta(
-                source=staged.source,
-                namespace=namespace,
-                size=staged.size,
-                etag="",
-                digest=staged.digest,
-                fetched_at=now,
-                validated_at=now,
-                last_modified=now,
-                state="dirty",
-                generation=generation,
-            )
+            meta = _dirty_meta(record)
             own_bytes = self.bytes_path(staged.entry_id, generation)
             record_path = self.path(staged.entry_id, "json")
             record_tmp: str | None = None
@@ -264,19 +253,7 @@ class WriteState:
         _link_or_copy(self.bytes_path(record.entry_id, record.generation), paths.part)
         fd = os.open(paths.part, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            meta = EntryMeta(
-                source=record.source,
-                namespace=record.namespace,
-                size=record.size,
-                etag="",
-                digest=record.digest,
-                fetched_at=record.created_at,
-                validated_at=record.created_at,
-                last_modified=record.created_at,
-                state="dirty",
-                generation=record.generation,
-            )
-            self.tier.publish(paths, fd, meta, durable=True)
+            self.tier.publish(paths, fd, _dirty_meta(record), durable=True)
         finally:
             os.close(fd)
 
@@ -466,6 +443,22 @@ def adopt_entry(state: WriteState, paths: EntryPaths, entry: EntryMeta) -> Recor
         log.error("pending write of %s is lost: %s", record.name, record.error)
     state.write_recovered(record)
     return record
+
+
+def _dirty_meta(record: Record) -> EntryMeta:
+    """The cache entry that serves a pending version's bytes until it is uploaded."""
+    return EntryMeta(
+        source=record.source,
+        namespace=record.namespace,
+        size=record.size,
+        etag="",
+        digest=record.digest,
+        fetched_at=record.created_at,
+        validated_at=record.created_at,
+        last_modified=record.created_at,
+        state="dirty",
+        generation=record.generation,
+    )
 
 
 def _link_or_copy(src: str, dst: str) -> None:
