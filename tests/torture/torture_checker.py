@@ -1,0 +1,298 @@
+"""The history of one torture round and the contract it is checked against.
+
+Each key's operations are writes (a ``close()``) and deletes (an ``rm``), each with the
+CLOCK_MONOTONIC instants its call started and returned. One is *acknowledged* when it
+returned without error and its worker reported that; otherwise (killed, hung, raised) it is
+*in doubt* and may take effect at any instant after it started. The version whose ``close()``
+returned last wins, so a key may end in the effect of an operation V exactly when no
+acknowledged operation W on the key started after V returned (an in-doubt V never
+returned); with no acknowledged operation at all it may also still be absent.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from torture_workers import ABSENT, Message
+
+INF = math.inf
+
+
+@dataclass
+class Op:
+    """One write or delete of one key."""
+
+    uid: str
+    kind: str  # "write" | "rm"
+    path: str
+    who: str
+    sent: float
+    start: float | None = None
+    ret: float | None = None
+    size: int = 0
+    digest: str = ""
+    error: str | None = None
+
+    @property
+    def acked(self) -> bool:
+        return self.ret is not None and self.start is not None and self.error is None
+
+    @property
+    def effect(self) -> str:
+        """What the key holds if this operation is the last to take effect."""
+        return ABSENT if self.kind == "rm" else self.uid
+
+    @property
+    def returned(self) -> float:
+        return self.ret if self.acked and self.ret is not None else INF
+
+
+@dataclass
+class FlushObs:
+    who: str
+    path: str
+    start: float
+    ret: float
+    ok: bool
+    error: str | None
+    seen: str  # what the worker read from the store right after an ok flush
+    seen_at: float
+
+
+@dataclass
+class ReadObs:
+    who: str
+    path: str
+    start: float
+    ret: float
+    result: str
+
+
+@dataclass
+class Violation:
+    kind: str
+    message: str
+    paths: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Final:
+    """The end of a round: the final flush, then what the store and fresh tiers hold."""
+
+    how: str  # "fs" (a process that never touched the tier) or "cli"
+    flush: str  # "ok" or why not
+    seconds: float
+    store: dict[str, str]
+    tier: dict[str, str]
+    tier_immutable: dict[str, str]
+    pending: list[str]
+    journal: list[str]
+
+
+class History:
+    """Everything reported during one round."""
+
+    def __init__(self, t0: float, paths: list[str]) -> None:
+        self.t0 = t0
+        self.paths = paths
+        self.ops: dict[str, Op] = {}
+        self.flushes: list[FlushObs] = []
+        self.reads: list[ReadObs] = []
+        self.notes: list[str] = []
+        self.soft: list[str] = []  # findings reported, not counted as violations
+        self.final: Final | None = None
+
+    def add(self, op: Op) -> None:
+        self.ops[op.uid] = op
+
+    def record(self, msg: Message) -> None:
+        kind = msg[0]
+        if kind == "begin":
+            _, uid, start, digest, size = msg
+            op = self.ops[uid]
+            op.start, op.digest, op.size = start, digest, size
+        elif kind == "done":
+            _, uid, start, ret, error = msg
+            op = self.ops[uid]
+            op.start, op.ret, op.error = start, ret, error
+        elif kind == "flushed":
+            self.flushes.append(FlushObs(*msg[1:]))
+        elif kind == "read":
+            self.reads.append(ReadObs(*msg[1:]))
+        else:
+            self.notes.append(f"unexpected message {msg!r}")
+
+    def ops_on(self, path: str) -> list[Op]:
+        return sorted(
+            (o for o in self.ops.values() if o.path == path),
+            key=lambda o: (o.start if o.start is not None else o.sent, o.uid),
+        )
+
+    # -- the checks ------------------------------------------------------------------------
+
+    def allowed(self, path: str, acked_before: float = INF) -> set[str]:
+        """States the key may be in once every operation acknowledged before ``acked_before``
+        has taken effect (the rule in the module docstring)."""
+        ops = self.ops_on(path)
+        acked = [w for w in ops if w.acked and w.returned < acked_before]
+        states = set() if acked else {ABSENT}
+        for v in ops:
+            if not any(w.start is not None and w.start > v.returned for w in acked):
+                states.add(v.effect)
+        return states
+
+    def check(self) -> list[Violation]:
+        found = [*self._check_reads(), *self._check_flushes()]
+        if self.final is not None:
+            found += self._check_final(self.final)
+        return found
+
+    def _check_reads(self) -> list[Violation]:
+        found = []
+        for read in self.reads:
+            if read.result == ABSENT or read.result.startswith("error:"):
+                continue
+            op = self.ops.get(read.result)
+            if op is None or op.path != read.path:
+                found.append(
+                    Violation(
+                        "bad-read",
+                        f"{read.who} read {read.path} at {self.at(read.start)} and got "
+                        f"{read.result!r}, not a version written to that key",
+                        [read.path],
+                    )
+                )
+        return found
+
+    def _check_flushes(self) -> list[Violation]:
+        found = []
+        for flush in self.flushes:
+            if not flush.ok or not flush.seen or flush.seen.startswith("error:"):
+                continue
+            allowed = self.allowed(flush.path, acked_before=flush.start)
+            if flush.seen not in allowed:
+                found.append(
+                    Violation(
+                        "flush-lied",
+                        f"{flush.who} flush({flush.path}) started {self.at(flush.start)}, "
+                        f"returned ok {self.at(flush.ret)}, but the store then held "
+                        f"{flush.seen}; allowed: {_names(allowed)}",
+                        [flush.path],
+                    )
+                )
+        return found
+
+    def _check_final(self, final: Final) -> list[Violation]:
+        if final.flush != "ok":
+            why = f"final flush ({final.how}) failed with the store healthy: {final.flush}"
+            if any(not o.acked for o in self.ops.values()):
+                # Reporting the leftovers of a write killed in close() is allowed; losing
+                # them silently is not. Counted apart, so a run still shows it.
+                self.soft.append(f"{why} (after in-doubt operations)")
+                return []
+            return [Violation("final-flush-failed", why, list(self.paths))]
+        if final.journal:
+            self.soft.append(f"journal records left after a successful flush: {final.journal}")
+        found = []
+        for path in self.paths:
+            stored = final.store.get(path, "?")
+            allowed = self.allowed(path)
+            if stored not in allowed:
+                found.append(
+                    Violation(
+                        "lost-write",
+                        f"after a successful final flush the store holds {stored} at {path}; "
+                        f"allowed: {_names(allowed)}",
+                        [path],
+                    )
+                )
+            for label, tier in (("default", final.tier), ("immutable", final.tier_immutable)):
+                got = tier.get(path, "?")
+                if got != stored:
+                    found.append(
+                        Violation(
+                            "tier-diverges",
+                            f"a fresh filesystem ({label}) reads {got} at {path}, "
+                            f"the store holds {stored}",
+                            [path],
+                        )
+                    )
+        if final.pending:
+            found.append(
+                Violation(
+                    "pending-after-flush",
+                    f"pending() after a successful flush: {final.pending}",
+                    list(self.paths),
+                )
+            )
+        return found
+
+    def stats(self) -> str:
+        ops = list(self.ops.values())
+        acked = sum(o.acked for o in ops)
+        began = sum(o.start is not None and not o.acked for o in ops)
+        flushed = sum(f.ok for f in self.flushes)
+        return (
+            f"{len(ops)} ops ({acked} acked, {len(ops) - acked} in doubt, {began} of them begun), "
+            f"flushes {flushed} ok/{len(self.flushes) - flushed} failed, {len(self.reads)} reads"
+        )
+
+    # -- the report --------------------------------------------------------------------------
+
+    def at(self, t: float | None) -> str:
+        return "-" if t is None else f"+{(t - self.t0) * 1000:.1f}ms"
+
+    def describe(self, paths: list[str]) -> str:
+        lines = []
+        for path in paths or self.paths:
+            lines.append(f"  history of {path} (times from the round's start):")
+            for op in self.ops_on(path):
+                if op.acked:
+                    state = "acked"
+                elif op.error is not None:
+                    state = f"IN DOUBT (raised {op.error})"
+                else:
+                    state = "IN DOUBT (no return reported)"
+                what = f"{op.kind:5} {op.uid}"
+                if op.kind == "write":
+                    what += f" {op.size}B sha256={op.digest[:12] or '?'}"
+                lines.append(
+                    f"    {op.who:8} {what:58} start {self.at(op.start):>11} "
+                    f"return {self.at(op.ret):>11}  {state}"
+                )
+            for flush in (f for f in self.flushes if f.path == path):
+                outcome = f"ok, store then held {flush.seen or '(not read)'}"
+                if not flush.ok:
+                    outcome = f"{flush.error}"
+                lines.append(
+                    f"    {flush.who:8} flush {'':52} start {self.at(flush.start):>11} "
+                    f"return {self.at(flush.ret):>11}  {outcome}"
+                )
+            for read in (r for r in self.reads if r.path == path):
+                lines.append(
+                    f"    {read.who:8} read  {'':52} start {self.at(read.start):>11} "
+                    f"return {self.at(read.ret):>11}  got {read.result}"
+                )
+            lines.append(f"    allowed final states: {_names(self.allowed(path))}")
+        if self.final is not None:
+            lines += _describe_final(self.final, paths or self.paths)
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _describe_final(final: Final, paths: list[str]) -> list[str]:
+    lines = [f"  final flush ({final.how}): {final.flush} in {final.seconds:.2f}s"]
+    for path in paths:
+        lines.append(
+            f"  {path}: store {final.store.get(path, '?')} | tier {final.tier.get(path, '?')}"
+            f" | tier (immutable) {final.tier_immutable.get(path, '?')}"
+        )
+    lines.append(f"  pending after flush: {final.pending or 'none'}")
+    if final.journal:
+        lines.append(f"  journal records left: {final.journal}")
+    return lines
+
+
+def _names(states: set[str]) -> str:
+    return "{" + ", ".join(sorted(states)) + "}"

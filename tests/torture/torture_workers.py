@@ -1,0 +1,473 @@
+"""Long-lived worker processes for the write torture: they write, delete, read and flush on
+command and report every step, with CLOCK_MONOTONIC times, back through a pipe.
+
+A worker runs one command at a time: ``open`` (build the filesystem of a round), ``script``
+(steps one after another), ``threads`` (several scripts at once on one filesystem), ``check``
+(the final look at a local tier through fresh filesystems) or ``exit``. Steps report as they
+happen, so a worker the harness SIGKILLs has already reported what it acknowledged; a step
+whose ``begin`` arrived without its ``done`` is in doubt. Every version written is
+self-describing (see ``make_content``), so whoever reads it can name it and verify it.
+"""
+
+from __future__ import annotations
+
+import gc
+import glob
+import hashlib
+import itertools
+import logging
+import os
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from multiprocessing.context import SpawnContext, SpawnProcess
+from typing import Any
+
+MAGIC = b"TCTORTURE1"
+_command_ids = itertools.count(1)
+ABSENT = "<absent>"
+Message = tuple[Any, ...]
+Step = dict[str, Any]
+
+# --------------------------------------------------------------------------- versions
+
+
+def make_content(uid: str, size: int) -> bytes:
+    """A version: ``MAGIC uid size sha256(body)\\n`` then ``size`` random bytes."""
+    body = os.urandom(size)
+    head = b"%s %s %d %s\n" % (MAGIC, uid.encode(), size, hashlib.sha256(body).hexdigest().encode())
+    return head + body
+
+
+def identify(data: bytes) -> str:
+    """The uid of a version read back, or ``corrupt: ...`` when it is not one whole version."""
+    head, newline, body = data.partition(b"\n")
+    parts = head.split(b" ")
+    if not newline or len(parts) != 4 or parts[0] != MAGIC or not parts[2].isdigit():
+        return f"corrupt: no version header ({len(data)} bytes, starts {data[:24]!r})"
+    uid, size, digest = parts[1].decode(), int(parts[2]), parts[3].decode()
+    if len(body) != size:
+        return f"corrupt: {uid} holds {len(body)} of its {size} bytes"
+    if hashlib.sha256(body).hexdigest() != digest:
+        return f"corrupt: {uid} body does not match its digest"
+    return uid
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+# --------------------------------------------------------------------------- the process
+
+
+class _Worker:
+    """The child side: one filesystem (per round) and the steps run on it."""
+
+    def __init__(self, conn: Connection, name: str, store: dict[str, str]) -> None:
+        self.conn = conn
+        self.name = name
+        self.store = store  # the real server: boto3 reads the truth from it, never a proxy
+        self.fs: Any = None
+        self._send_lock = threading.Lock()
+        self._s3: Any = None
+
+    def send(self, msg: Message) -> None:
+        with self._send_lock:
+            self.conn.send(msg)
+
+    def build(self, local_dir: str, endpoint: str, **options: Any) -> Any:
+        from tiercache import TierCacheFileSystem
+
+        target = {
+            "endpoint_url": endpoint,
+            "key": self.store["key"],
+            "secret": self.store["secret"],
+        }
+        return TierCacheFileSystem(
+            target_options=target,
+            local_dir=local_dir,
+            skip_instance_cache=True,
+            retries=2,
+            connect_timeout=1,
+            read_timeout=2,
+            **options,
+        )
+
+    def drop(self) -> None:
+        """Forget the filesystem; its runtime goes with the last reference (it is weak)."""
+        self.fs = None
+        gc.collect()
+
+    def stored(self, path: str) -> str:
+        """What the store holds at ``path`` right now, read with boto3 from the real server."""
+        import boto3
+        from botocore.config import Config
+
+        if self._s3 is None:
+            config = Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 1})
+            self._s3 = boto3.client(
+                "s3",
+                endpoint_url=self.store["endpoint"],
+                aws_access_key_id=self.store["key"],
+                aws_secret_access_key=self.store["secret"],
+                region_name=self.store["region"],
+                config=config,
+            )
+        bucket, _, key = path.partition("/")
+        try:
+            return identify(self._s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        except self._s3.exceptions.NoSuchKey:
+            return ABSENT
+        except Exception as exc:
+            return f"error: {_describe(exc)}"
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def run_steps(self, steps: list[Step], who: str) -> None:
+        for step in steps:
+            getattr(self, f"step_{step['do']}")(step, who)
+
+    def step_sleep(self, step: Step, who: str) -> None:
+        time.sleep(step["s"])
+
+    def step_write(self, step: Step, who: str) -> None:
+        uid = step["uid"]
+        data = make_content(uid, step["size"])
+        digest = hashlib.sha256(data).hexdigest()
+        try:
+            f = self.fs.open(step["path"], "wb")
+            f.write(data)
+        except Exception as exc:  # never got to close(): reported as failed, not begun
+            self.send(("done", uid, None, time.monotonic(), _describe(exc)))
+            return
+        _sleep_until(step.get("at"))
+        start = time.monotonic()
+        self.send(("begin", uid, start, digest, len(data)))
+        error = None
+        try:
+            f.close()
+        except Exception as exc:
+            error = _describe(exc)
+        self.send(("done", uid, start, time.monotonic(), error))
+        if step.get("flush") is not None:
+            self.step_flush({"path": step["path"], "timeout": step["flush"]}, who)
+
+    def step_rm(self, step: Step, who: str) -> None:
+        uid = step["uid"]
+        _sleep_until(step.get("at"))
+        start = time.monotonic()
+        self.send(("begin", uid, start, "", 0))
+        error = None
+        try:
+            self.fs.rm(step["path"])
+        except FileNotFoundError:
+            pass  # nothing to delete: the key is absent all the same
+        except Exception as exc:
+            error = _describe(exc)
+        self.send(("done", uid, start, time.monotonic(), error))
+        if step.get("flush") is not None:
+            self.step_flush({"path": step["path"], "timeout": step["flush"]}, who)
+
+    def step_flush(self, step: Step, who: str) -> None:
+        path = step["path"]
+        start = time.monotonic()
+        ok, error = True, None
+        try:
+            self.fs.flush(path, timeout=step["timeout"])
+        except Exception as exc:  # any exception: the flush did not say "done"
+            ok, error = False, _describe(exc)
+        returned = time.monotonic()
+        seen = self.stored(path) if ok and step.get("look", True) else ""
+        self.send(("flushed", who, path, start, returned, ok, error, seen, time.monotonic()))
+
+    def step_read(self, step: Step, who: str) -> None:
+        _sleep_until(step.get("at"))
+        start = time.monotonic()
+        try:
+            result = identify(self.fs.cat_file(step["path"]))
+        except FileNotFoundError:
+            result = ABSENT
+        except Exception as exc:
+            result = f"error: {_describe(exc)}"
+        self.send(("read", who, step["path"], start, time.monotonic(), result))
+
+    # -- commands ----------------------------------------------------------------------------
+
+    def command(self, cmd: dict[str, Any]) -> None:
+        op = cmd["op"]
+        if op == "open":
+            self.drop()
+            self.fs = self.build(cmd["local_dir"], cmd["endpoint"], **cmd.get("options", {}))
+        elif op == "drop":
+            self.drop()
+        elif op == "script":
+            self.run_steps(cmd["steps"], self.name)
+        elif op == "threads":
+            self.run_threads(cmd["scripts"])
+        elif op == "check":
+            self.send(("check", self.check(cmd)))
+        else:
+            raise ValueError(f"unknown command {op!r}")
+
+    def run_threads(self, scripts: list[list[Step]]) -> None:
+        errors: list[str] = []
+
+        def run(i: int) -> None:
+            try:
+                self.run_steps(scripts[i], f"{self.name}.t{i}")
+            except Exception:
+                errors.append(traceback.format_exc())
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(scripts))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise RuntimeError("a thread failed:\n" + "\n".join(errors))
+
+    def check(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Flush (optionally), then look through a fresh filesystem of each consistency."""
+        local_dir, endpoint, paths = cmd["local_dir"], cmd["endpoint"], cmd["paths"]
+        result: dict[str, Any] = {"flush": None}
+        self.drop()
+        if cmd["flush"] is not None:
+            fs = self.build(local_dir, endpoint)
+            start = time.monotonic()
+            try:
+                fs.flush("", timeout=cmd["flush"])
+                result["flush"] = "ok"
+            except Exception as exc:
+                result["flush"] = _describe(exc)
+            result["flush_s"] = time.monotonic() - start
+            del fs
+            self.drop()
+        result["store"] = {path: self.stored(path) for path in paths}
+        for consistency in ("default", "immutable"):
+            options = {} if consistency == "default" else {"consistency": "immutable"}
+            fs = self.build(local_dir, endpoint, **options)
+            if consistency == "default":
+                result["pending"] = sorted(str(p["name"]) for p in fs.pending())
+            result[consistency] = {path: _read(fs, path) for path in paths}
+            del fs
+            self.drop()
+        result["journal"] = sorted(
+            os.path.basename(p) for p in glob.glob(os.path.join(local_dir, "journal", "*.json"))
+        )
+        return result
+
+
+def _read(fs: Any, path: str) -> str:
+    try:
+        return identify(fs.cat_file(path))
+    except FileNotFoundError:
+        return ABSENT
+    except Exception as exc:
+        return f"error: {_describe(exc)}"
+
+
+def _sleep_until(at: float | None) -> None:
+    """Wait for a CLOCK_MONOTONIC instant (system-wide on Linux): sleep, then spin the rest."""
+    if at is None:
+        return
+    while (left := at - time.monotonic()) > 0.002:
+        time.sleep(left - 0.002)
+    while time.monotonic() < at:
+        pass
+
+
+def worker_main(conn: Connection, name: str, store: dict[str, str], log_path: str) -> None:
+    """The child's loop: one command at a time, each answered by ``("end", id, error)``."""
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log_fd, 2)
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s {name} %(name)s %(message)s")
+    worker = _Worker(conn, name, store)
+    worker.send(("ready", name, os.getpid()))
+    while True:
+        try:
+            cmd = conn.recv()
+        except EOFError:
+            os._exit(0)
+        if cmd["op"] == "exit":
+            os._exit(0)  # no exit-time upload wait: the harness flushes on its own terms
+        error = None
+        try:
+            worker.command(cmd)
+        except Exception:
+            error = traceback.format_exc()
+        worker.send(("end", cmd["id"], error))
+
+
+# --------------------------------------------------------------------------- parent side
+
+
+@dataclass(eq=False)
+class Worker:
+    """The harness's handle on one worker process."""
+
+    name: str
+    proc: SpawnProcess
+    conn: Connection
+    ready: bool = False
+    busy: int | None = None  # id of the command it runs
+    uses: int = 0
+    dead: bool = False
+    last_error: str | None = None
+    results: list[Message] = field(default_factory=list)
+
+    def send(self, cmd: dict[str, Any]) -> None:
+        self.busy = next(_command_ids)
+        self.conn.send({**cmd, "id": self.busy})
+
+    def kill(self) -> None:
+        if self.proc.pid is not None and self.proc.is_alive():
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.join(10)
+        self.dead = True
+
+
+class Pool:
+    """Writers ``w0..`` reused across rounds, replaced when killed or worn, and one checker."""
+
+    RECYCLE_AFTER = 40  # rounds: each one's uploader threads stay behind, idle
+
+    def __init__(self, ctx: SpawnContext, store: dict[str, str], log_dir: str) -> None:
+        self._ctx = ctx
+        self._store = store
+        self._log_dir = log_dir
+        self._serial = 0
+        self.writers: list[Worker] = []
+        self.checker = self._spawn("chk")
+
+    def _spawn(self, name: str) -> Worker:
+        self._serial += 1
+        parent, child = self._ctx.Pipe()
+        os.makedirs(self._log_dir, exist_ok=True)
+        log_path = os.path.join(self._log_dir, f"{name}-{self._serial}.log")
+        proc = self._ctx.Process(
+            target=worker_main, args=(child, name, self._store, log_path), daemon=True
+        )
+        proc.start()
+        child.close()
+        return Worker(name, proc, parent)
+
+    def take(self, n: int) -> list[Worker]:
+        """``n`` writers, ready for commands (spawning any that are missing)."""
+        while len(self.writers) < n:
+            self.writers.append(self._spawn(f"w{len(self.writers)}"))
+        chosen = self.writers[:n]
+        for worker in [*chosen, self.checker]:
+            self._wait_ready(worker)
+        return chosen
+
+    def _wait_ready(self, worker: Worker) -> None:
+        if worker.ready:
+            return
+        if not worker.conn.poll(60):
+            raise RuntimeError(f"worker {worker.name} did not start within 60 s")
+        msg = worker.conn.recv()
+        if msg[0] != "ready":
+            raise RuntimeError(f"worker {worker.name} said {msg!r} instead of ready")
+        worker.ready = True
+
+    def after_round(self) -> None:
+        """Replace dead and worn-out workers now, so they start while the harness checks."""
+        for i, worker in enumerate(self.writers):
+            if worker.dead or worker.uses >= self.RECYCLE_AFTER:
+                self._retire(worker)
+                self.writers[i] = self._spawn(worker.name)
+        if self.checker.dead or self.checker.uses >= self.RECYCLE_AFTER * 2:
+            self._retire(self.checker)
+            self.checker = self._spawn("chk")
+
+    def _retire(self, worker: Worker) -> None:
+        if not worker.dead:
+            try:
+                worker.conn.send({"op": "exit"})
+            except OSError:
+                pass
+            worker.proc.join(5)
+            worker.kill()
+        worker.conn.close()
+
+    def close(self) -> None:
+        for worker in [*self.writers, self.checker]:
+            self._retire(worker)
+        self.writers = []
+
+    def collect(
+        self,
+        workers: list[Worker],
+        deadline: float,
+        on_message: Callable[[Message], None],
+        kills: dict[str, float] | None = None,
+    ) -> list[str]:
+        """Wait for every worker's ``end`` and SIGKILL each worker named in ``kills`` (name ->
+        monotonic instant) at its instant, even one already idle (its uploads may still run).
+        ``on_message`` may add kills. Returns a line for each worker that hung past
+        ``deadline`` (killed then) or died unasked."""
+        kills = kills if kills is not None else {}
+        by_name = {w.name: w for w in workers}
+        waiting = {w.conn: w for w in workers if w.busy is not None and not w.dead}
+        problems: list[str] = []
+        while True:
+            now = time.monotonic()
+            for name, when in list(kills.items()):
+                victim = by_name.get(name)
+                if victim is not None and when <= now:
+                    del kills[name]
+                    if not victim.dead:
+                        victim.kill()
+                        self._drain(victim, on_message)
+                        waiting.pop(victim.conn, None)
+            armed = [t for n, t in kills.items() if n in by_name and not by_name[n].dead]
+            if not waiting and not armed:
+                return problems
+            if now >= deadline:
+                for worker in waiting.values():
+                    problems.append(f"{worker.name} hung: no answer to its command in time")
+                    worker.kill()
+                    self._drain(worker, on_message)
+                return problems
+            timeout = max(0.0, min([deadline, *armed]) - now)
+            if not waiting:
+                time.sleep(timeout)
+                continue
+            for conn in wait(list(waiting), timeout=timeout):
+                worker = waiting[conn]  # type: ignore[index]
+                if not self._receive(worker, on_message):
+                    del waiting[conn]  # type: ignore[arg-type]
+                    if worker.last_error is not None:
+                        problems.append(f"{worker.name}: {worker.last_error}")
+
+    def _receive(self, worker: Worker, on_message: Callable[[Message], None]) -> bool:
+        """Handle one message; False once the worker's command ended (or the worker died)."""
+        try:
+            msg = worker.conn.recv()
+        except (EOFError, OSError):
+            worker.kill()
+            worker.last_error = f"died unasked (exit code {worker.proc.exitcode})"
+            return False
+        if msg[0] == "end":
+            worker.busy, worker.last_error = None, msg[2]
+            return False
+        if msg[0] == "check":
+            worker.results.append(msg)
+        else:
+            on_message(msg)
+        return True
+
+    def _drain(self, worker: Worker, on_message: Callable[[Message], None]) -> None:
+        """What a killed worker sent before it died still counts: it was reported."""
+        worker.busy = None
+        try:
+            while worker.conn.poll(0):
+                msg = worker.conn.recv()
+                if msg[0] not in ("end", "check"):
+                    on_message(msg)
+        except Exception:  # a message cut off by the kill (any unpickling error): unreported
+            pass
