@@ -10,7 +10,9 @@ is fetched in the background and the entry becomes a whole entry.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -27,6 +29,7 @@ from tiercache.store.retry import RetryPolicy
 from tiercache.tiers.blocks import BlockEntry
 from tiercache.tiers.entry import EntryMeta
 from tiercache.tiers.local import LocalTier, remove_file
+from tiercache.verify import Verifier
 
 
 @dataclass(frozen=True)
@@ -49,12 +52,14 @@ class BlockFetcher:
         store: ObjectStore,
         retry: RetryPolicy,
         stats: Stats,
+        verifier: Verifier | None = None,
     ) -> None:
         self._config = config
         self._tier = tier
         self._store = store
         self._retry = retry
         self._stats = stats
+        self._verifier = verifier or Verifier(stats)
         self._reset()
         forksafe.register(self)
 
@@ -108,6 +113,38 @@ class BlockFetcher:
                     event.wait()
                 if not entry.has(index):
                     raise StoreUnavailableError(f"{src.source}: block {index} could not be fetched")
+
+    def check(
+        self, entry: BlockEntry, src: BlockSource, start: int, end: int, seen: set[int] | None
+    ) -> None:
+        """Check each block of ``[start, end)`` against its logged digest before it is served
+        for the first time: in this file object (``seen``: ``verify="always"``), or else in
+        this process (``verify="first"``). A corrupt block is fetched again over it."""
+        if seen is None and self._config.verify != "first":
+            return
+        block = entry.meta.block_size
+        for index in range(start // block, (end - 1) // block + 1):
+            trust = self._trust_key(entry, index)
+            if index in seen if seen is not None else self._verifier.trusts(trust):
+                continue
+            lo, hi = entry.block_range(index)
+            started = time.monotonic()
+            passed = xxhash.xxh3_64_hexdigest(entry.pread(hi - lo, lo)) == entry.digest(index)
+            self._verifier.record(passed, time.monotonic() - started)
+            if not passed:
+                entry.forget(index)  # corrupt on disk: fetched again over it
+                self.ensure(entry, src, lo, hi)
+            elif seen is None:
+                self._verifier.trust(trust)
+            if seen is not None:
+                seen.add(index)
+
+    @staticmethod
+    def _trust_key(entry: BlockEntry, index: int) -> tuple[str, int, int, int, str | None]:
+        """A block is written once where it lies in the entry's file (the file's inode), and
+        its digest logged: those name the bytes checked."""
+        st = os.fstat(entry.fileno())
+        return (entry.entry_id, st.st_dev, st.st_ino, index, entry.digest(index))
 
     def read_ahead(self, entry: BlockEntry, src: BlockSource, after: int) -> None:
         """Start fetching the blocks that follow byte ``after`` (not waited for)."""
@@ -174,6 +211,7 @@ class BlockFetcher:
         try:
             data = self._get(src, entry, start, end)
             entry.write_block(index, data, xxhash.xxh3_64_hexdigest(data))
+            self._verifier.trust(self._trust_key(entry, index))  # hashed as it arrived
         finally:
             self._tier.release(end - start)
         self._stats.add("blocks_fetched")

@@ -1,15 +1,14 @@
 """``BlockFile``: the read-only file object over a block-granular entry (a huge object).
 
 Each read fetches only the blocks it touches (see ``BlockFetcher``); a sequential reader has
-the next blocks fetched ahead of it.
+the next blocks fetched ahead of it. Each block is checked against its logged digest before
+it is first served (per ``verify``, see ``BlockFetcher.check``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-
-import xxhash
 
 from tiercache.block_fetch import BlockFetcher, BlockSource
 from tiercache.seek import SeekableReader
@@ -40,8 +39,8 @@ class BlockFile(SeekableReader):
         self._src = src
         self._fetcher = fetcher
         self._on_read = on_read
-        self._verify = verify
-        self._verified: set[int] = set()
+        # verify="always": blocks checked by this file object (else the fetcher's memo).
+        self._verified: set[int] | None = set() if verify else None
         self._pos = 0
         self._last_end = -1
 
@@ -58,27 +57,12 @@ class BlockFile(SeekableReader):
             return 0
         start, end = self._pos, self._pos + count
         self._fetcher.ensure(self._entry, self._src, start, end)
-        if self._verify:
-            self._check(start, end)
+        self._fetcher.check(self._entry, self._src, start, end, self._verified)
         if start == self._last_end:  # sequential: keep the next blocks coming
             self._fetcher.read_ahead(self._entry, self._src, end)
         self._last_end = end
         self._fetcher.maybe_complete(self._entry, self._src)
         return count
-
-    def _check(self, start: int, end: int) -> None:
-        """``verify=always``: each block's bytes against its logged digest, once per file."""
-        block = self._entry.meta.block_size
-        for index in range(start // block, (end - 1) // block + 1):
-            if index in self._verified:
-                continue
-            lo, hi = self._entry.block_range(index)
-            if xxhash.xxh3_64_hexdigest(self._entry.pread(hi - lo, lo)) != self._entry.digest(
-                index
-            ):
-                self._entry.forget(index)  # corrupt on disk: fetched again over it
-                self._fetcher.ensure(self._entry, self._src, lo, hi)
-            self._verified.add(index)
 
     def readinto(self, buffer: Any) -> int:
         self._checkClosed()

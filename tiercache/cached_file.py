@@ -2,6 +2,13 @@
 
 It reads with ``pread`` from the entry's data file; while the object is still being fetched it
 waits only for the bytes it asks for, so a reader starts before the download ends.
+
+With a digest check running on the entry (``verify="first"``, see ``verify.py``): a worker
+hashes the file ahead of the reader, and the bytes a sequential reader is handed are hashed
+as they go where the worker is behind. The read of the object's last bytes, and a read out of
+order, get the verdict first: no read of a corrupt entry completes. A corrupt clean entry is
+fetched again in its place if the reader had none of its bytes yet; otherwise (and always for
+a dirty entry) the read raises ``CacheCorruptError``.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from typing import Any
 
 from tiercache.read_path import OpenedObject
 from tiercache.seek import SeekableReader
+from tiercache.verify import DigestCheck
 
 _MAX_PREAD = 1 << 30  # pread moves at most ~2 GiB per call on Linux; stay well below
 
@@ -38,6 +46,10 @@ class CachedFile(SeekableReader):
         self.etag = opened.etag
         self._fd = opened.fd
         self._fetch = opened.fetch
+        self._check = opened.check
+        self._reopen = opened.reopen
+        self._next = 0  # where a sequential reader reads next
+        self._handed = False  # whether the caller got any byte yet
         self._pos = 0
         self._on_read = on_read
         self._details = details or {}
@@ -80,30 +92,82 @@ class CachedFile(SeekableReader):
                 self._fetch = None
         return count
 
+    def _check_before(self, size: int) -> None:
+        """Before a read of up to ``size`` bytes: the verdict of the digest check, if the read
+        is out of order or the check has ended (see the module)."""
+        while (check := self._check) is not None:
+            left = self.size - self._pos
+            if (min(size, left) if size >= 0 else left) <= 0:
+                return
+            if not check.finished and self._pos == self._next:
+                return  # in order: its bytes are hashed as they are read, if not already
+            if self._settle(check):
+                return
+
+    def _check_after(self, data: bytes | memoryview) -> bool:
+        """Bytes read from the position, before they are handed over: hashed if the check is
+        behind them, and the verdict if they are the object's last. False: the entry was
+        corrupt and the object fetched again, read it from there."""
+        check = self._check
+        if check is None:
+            return True
+        check.feed(self._pos, data)
+        if self._pos + len(data) < self.size and not check.finished:
+            return True
+        return self._settle(check)
+
+    def _settle(self, check: DigestCheck) -> bool:
+        """Wait for the verdict: True if the bytes are good; False if the corrupt entry was
+        replaced by a fresh fetch (the reader had none of its bytes); else raise."""
+        if check.verdict():
+            self._check = None
+            return True
+        if check.dirty or self._handed or self._reopen is None:
+            raise check.error(self._handed)
+        opened = self._reopen()  # the corrupt entry was dropped: fetched again
+        if opened.blocks is not None:  # now too big to be read whole: open it again
+            opened.blocks.close()
+            raise check.error(handed=False)
+        os.close(self._fd)
+        self._fd, self._fetch = opened.fd, opened.fetch
+        self._check, self._reopen = opened.check, opened.reopen
+        self.size, self.etag = opened.size, opened.etag
+        self._next = 0
+        return False
+
+    def _served(self, count: int) -> None:
+        self._pos += count
+        self._next = self._pos
+        self._handed = self._handed or count > 0
+        self._on_read(count)
+
     def _read_direct(self, buffer: Any) -> int:
         """The tier filled up during the fetch: the rest comes straight from the store."""
         assert self._direct is not None
         self._direct.seek(self._pos)
         got = self._direct.readinto(buffer) or 0
-        self._pos += got
-        self._on_read(got)
+        self._served(got)
         return got
 
     def readinto(self, buffer: Any) -> int:
         self._checkClosed()
         view = memoryview(buffer).cast("B")
+        self._check_before(min(len(view), _MAX_PREAD))
         count = self._available(self._pos, min(len(view), _MAX_PREAD))
         if count == 0:
             return 0
         if self._direct is not None:
             return self._read_direct(view[:count])
         got = os.preadv(self._fd, [view[:count]], self._pos)
-        self._pos += got
-        self._on_read(got)
+        if not self._check_after(view[:got]):
+            return self.readinto(buffer)  # from the object fetched again
+        self._served(got)
         return got
 
     def read(self, size: int | None = -1) -> bytes:
         self._checkClosed()
+        asked = -1 if size is None else size
+        self._check_before(asked)
         if size is None or size < 0:
             size = self.size - self._pos
         fetch = self._fetch
@@ -123,14 +187,15 @@ class CachedFile(SeekableReader):
             data = handed  # the chunk the fetch just wrote to the tier: no copy back
         elif count <= _MAX_PREAD:
             data = os.pread(self._fd, count, self._pos)
+            if not self._check_after(data):
+                return self.read(asked)  # from the object fetched again
         else:
             buffer = bytearray(count)
             got = 0
             while got < count:
                 got += self.readinto(memoryview(buffer)[got:])
             return bytes(buffer)
-        self._pos += len(data)
-        self._on_read(len(data))
+        self._served(len(data))
         return data
 
     def readall(self) -> bytes:
@@ -139,15 +204,22 @@ class CachedFile(SeekableReader):
     def peek(self, size: int = 0) -> bytes:
         """Bytes from the current position without consuming them (lets ``readline`` run fast)."""
         self._checkClosed()
+        self._check_before(max(size, 64 * 1024))
         count = self._available(self._pos, max(size, 64 * 1024))
-        if self._direct is not None:
+        if self._direct is not None or not count:
             return b""  # no look-ahead from the store: readline falls back to read(1)
-        return os.pread(self._fd, count, self._pos) if count else b""
+        data = os.pread(self._fd, count, self._pos)
+        if not self._check_after(data):
+            return self.peek(size)  # from the object fetched again
+        self._handed = self._handed or bool(data)
+        return data
 
     def close(self) -> None:
         if not self.closed:
             if self._fetch is not None:
                 self._fetch.detach_reader()
+            if self._check is not None:
+                self._check.cancel()
             os.close(self._fd)  # also releases the shared lock that guards against eviction
             if self._direct is not None:
                 self._direct.close()

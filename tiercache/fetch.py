@@ -32,6 +32,7 @@ from tiercache.store.retry import RetryPolicy
 from tiercache.tiers.entry import CachedEntry, EntryMeta, EntryPaths
 from tiercache.tiers.local import LocalTier, remove_file
 from tiercache.tiers.preallocate import preallocate
+from tiercache.verify import Identity, identity
 
 # Read sizes handed over as whole chunks: smaller reads cost more per byte in Python than the
 # copy they save; larger ones would hold too much memory per open file.
@@ -102,6 +103,9 @@ class Fetch:
         self._paths: EntryPaths | None = None
         self.info: ObjectInfo | None = None
         self.entry: CachedEntry | None = None
+        # The data file this fetch published, as hashed while its bytes streamed in (None
+        # when another process's entry satisfied it): this process need not check it again.
+        self.identity: Identity | None = None
         self.error: BaseException | None = None
         self.finished = False
 
@@ -282,6 +286,7 @@ class Fetch:
             self._tier.release(self._reserved)
             self._reserved = 0
             entry = self._tier.publish(paths, self._fd, meta)
+            self.identity = identity(os.fstat(self._fd))
         except BaseException:
             with contextlib.suppress(OSError):  # never mask the error being raised
                 remove_file(paths.part)

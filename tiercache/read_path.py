@@ -1,11 +1,12 @@
 """The read path: validate a cached entry, serve a hit, or join/start a single-flight fetch.
 
-``open`` goes: lookup in the local tier → revalidate per consistency mode → open the data
-(hit) → else the same in the shared tier, if there is one (served in place, or promoted into
-the local tier first) → or join the fetch of this object already running in this process →
-or start one (which waits for another process's or host's fetch of it, see ``Fetch``). A
-fetch fills the shared tier when there is one (so that other hosts find the object there),
-then the local tier. The reader of a fetch gets bytes as they arrive.
+``open`` goes: lookup in the local tier → revalidate per consistency mode (ETag and size) →
+open the data (hit; its bytes are checked against their digest per ``verify``, see
+``verify.py``) → else the same in the shared tier, if there is one (served in place, or
+promoted into the local tier first) → or join the fetch of this object already running in
+this process → or start one (which waits for another process's or host's fetch of it, see
+``Fetch``). A fetch fills the shared tier when there is one (so that other hosts find the
+object there), then the local tier. The reader of a fetch gets bytes as they arrive.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import os
 import threading
 import time
@@ -22,7 +24,12 @@ from dataclasses import dataclass, replace
 from tiercache import forksafe
 from tiercache.block_fetch import BlockFetcher, BlockSource
 from tiercache.config import TierCacheConfig
-from tiercache.errors import CacheTimeoutError, ObjectNotFoundError, TierFullError
+from tiercache.errors import (
+    CacheCorruptError,
+    CacheTimeoutError,
+    ObjectNotFoundError,
+    TierFullError,
+)
 from tiercache.fetch import BlockModeRequiredError, Fetch, FetchRequest
 from tiercache.promote import promote
 from tiercache.stats import Stats
@@ -32,6 +39,7 @@ from tiercache.tiers.blocks import BlockEntry
 from tiercache.tiers.entry import CachedEntry
 from tiercache.tiers.local import LocalTier
 from tiercache.tiers.shared import SharedTier
+from tiercache.verify import DigestCheck, EntryChecks, EntryDroppedError, Verifier
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,10 @@ class OpenedObject:
     etag: str
     fetch: Fetch | None
     blocks: BlockEntry | None = None  # a huge object cached block by block (fd is -1)
+    # ``verify="first"``: the digest check still running on these bytes, and how to open the
+    # object afresh should it fail before the reader had any of them.
+    check: DigestCheck | None = None
+    reopen: Callable[[], OpenedObject] | None = None
 
 
 def source_url(bucket: str, key: str) -> str:
@@ -70,7 +82,9 @@ class ReadPath:
         self._flights: dict[str, Fetch] = {}
         self._flights_lock = threading.Lock()
         self._authorized: dict[str, float] = {}  # entry id -> when the store last said yes
-        self.blocks = BlockFetcher(config, tier, store, self._retry, stats)
+        self.verifier = Verifier(stats)
+        self._checks = EntryChecks(self.verifier, config.verify, config.lock_timeout, shared)
+        self.blocks = BlockFetcher(config, tier, store, self._retry, stats, self.verifier)
         forksafe.register(self)
 
     def after_fork(self) -> None:
@@ -119,10 +133,12 @@ class ReadPath:
         fresh = mode == "immutable" or (
             mode == "ttl" and time.time() - meta.validated_at < self._config.ttl
         )
-        if not fresh and self._store.head(bucket, key).etag != meta.etag:
-            self._stats.add("invalidations")
-            self._tier.invalidate(entry_id, self._config.lock_timeout)
-            return None
+        if not fresh:
+            current = self._store.head(bucket, key)
+            if (current.etag, current.size) != (meta.etag, meta.size):
+                self._stats.add("invalidations")
+                self._tier.invalidate(entry_id, self._config.lock_timeout)
+                return None
         self._stats.add("hits")
         return self._open_blocks(ObjectInfo(bucket, key, meta.size, meta.etag, meta.last_modified))
 
@@ -159,8 +175,8 @@ class ReadPath:
     def _usable(self, tier: LocalTier, bucket: str, key: str) -> CachedEntry | None:
         """The tier's entry of the object, checked (digest, per ``verify``) and validated."""
         entry = self._lookup(tier, bucket, key)
-        if entry is not None and (self._config.verify == "always" or tier.needs_check(entry)):
-            entry = self._check_digest(tier, entry)
+        if entry is not None:
+            entry = self._checks.before_open(tier, entry)
         if entry is not None:
             entry = self._validate(tier, entry, bucket, key)
         return entry
@@ -169,16 +185,28 @@ class ReadPath:
         entry = self._usable(tier, bucket, key)
         if entry is None:
             return None
-        return self._open_entry(tier, entry, "hits")
+        return self._open_entry(tier, entry, "hits", bucket, key)
 
-    def _open_entry(self, tier: LocalTier, entry: CachedEntry, counter: str) -> OpenedObject | None:
+    def _open_entry(
+        self, tier: LocalTier, entry: CachedEntry, counter: str | None, bucket: str, key: str
+    ) -> OpenedObject | None:
         try:
             fd = tier.open_data(entry)
         except FileNotFoundError:
             return None  # evicted or torn between lookup and open: fetch it again
-        self._stats.add(counter)
+        try:
+            check = self._checks.at_open(tier, entry, fd)
+        except EntryDroppedError:
+            os.close(fd)
+            return None  # failed its digest check and dropped: fetch it again
+        except BaseException:
+            os.close(fd)
+            raise
+        if counter is not None:
+            self._stats.add(counter)
         tier.touch(entry)
-        return OpenedObject(fd, entry.meta.size, entry.meta.etag, None)
+        reopen = None if check is None else functools.partial(self.refetch, bucket, key)
+        return OpenedObject(fd, entry.meta.size, entry.meta.etag, None, check=check, reopen=reopen)
 
     def _open_shared(self, shared: SharedTier, bucket: str, key: str) -> OpenedObject | None:
         """Serve a shared-tier hit, from a local copy (``promote``) or in place (``serve``)."""
@@ -187,10 +215,10 @@ class ReadPath:
             return None
         entry, local = found
         if local is not None:
-            opened = self._open_entry(self._tier, local, "hits")
+            opened = self._open_entry(self._tier, local, "hits", bucket, key)
             if opened is not None:
                 return opened
-        return self._open_entry(shared, entry, "shared_hits")
+        return self._open_entry(shared, entry, "shared_hits", bucket, key)
 
     def _from_shared(
         self, shared: SharedTier, bucket: str, key: str
@@ -290,7 +318,9 @@ class ReadPath:
             self._drop(tier, entry)
             raise
         self._authorized[entry.entry_id] = now
-        if current.etag == entry.meta.etag:
+        # A size that differs from the HEAD's Content-Length means a damaged copy, whatever
+        # its ETag says.
+        if (current.etag, current.size) == (entry.meta.etag, entry.meta.size):
             self._stats.add("revalidations")
             if mode == "ttl":
                 return tier.replace_meta(entry, replace(entry.meta, validated_at=now))
@@ -298,21 +328,20 @@ class ReadPath:
         self._drop(tier, entry)
         return None
 
-    def _check_digest(self, tier: LocalTier, entry: CachedEntry) -> CachedEntry | None:
-        checked = tier.check_digest(entry)
-        if checked is None:
-            self._stats.add("corrupt_entries")
-            self._drop(tier, entry)
-        return checked
-
     def _drop(self, tier: LocalTier, entry: CachedEntry) -> None:
         self._stats.add("invalidations")
         tier.invalidate(entry.entry_id, self._config.lock_timeout)
 
     # -- fetching ----------------------------------------------------------------------------
 
-    def _open_through_fetch(self, bucket: str, key: str) -> OpenedObject:
-        fetch = self._join_or_start(bucket, key, by_blocks=True)
+    def refetch(self, bucket: str, key: str) -> OpenedObject:
+        """Open an object through a new fetch: its cached copy failed its digest check."""
+        return self._open_through_fetch(bucket, key, by_blocks=False, again=False)
+
+    def _open_through_fetch(
+        self, bucket: str, key: str, by_blocks: bool = True, again: bool = True
+    ) -> OpenedObject:
+        fetch = self._join_or_start(bucket, key, by_blocks=by_blocks)
         try:
             fetch.wait_started()
         except BlockModeRequiredError as big:
@@ -320,11 +349,11 @@ class ReadPath:
         except OSError as exc:
             raise self.tier_full_error(exc, bucket, key) or exc from exc
         if fetch.info is None:  # satisfied by an entry another process published
-            return self._open_published(fetch)
+            return self._open_published(fetch, by_blocks, again)
         try:
             fd = os.open(fetch.part_path(), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:  # being published: the part file became the data file
-            return self._open_published(fetch)
+            return self._open_published(fetch, by_blocks, again)
         fcntl.flock(fd, fcntl.LOCK_SH)
         return OpenedObject(fd, fetch.info.size, fetch.info.etag, fetch)
 
@@ -341,18 +370,27 @@ class ReadPath:
             tier.root,
         )
 
-    def _open_published(self, fetch: Fetch) -> OpenedObject:
+    def _open_published(self, fetch: Fetch, by_blocks: bool, again: bool) -> OpenedObject:
         entry = fetch.wait_finished()
+        bucket, key = fetch.request.bucket, fetch.request.key
         if self._shared is not None:  # promoted by the fetch, or else read in place
             # Published by whoever held the lease, maybe another user: check this reader.
-            self._authorize(entry, fetch.request.bucket, fetch.request.key)
+            self._authorize(entry, bucket, key)
             local = self._tier.lookup(entry.entry_id, entry.meta.namespace, entry.meta.source)
             if local is not None and local.meta.etag == entry.meta.etag:
-                opened = self._open_entry(self._tier, local, "hits")
+                opened = self._open_entry(self._tier, local, "hits", bucket, key)
                 if opened is not None:
                     return opened
-        fd = self._fill_tier.open_data(entry)
-        return OpenedObject(fd, entry.meta.size, entry.meta.etag, None)
+        if fetch.identity is not None:  # hashed as it streamed in: already checked
+            self.verifier.trust((entry.entry_id, fetch.identity))
+        opened = self._open_entry(self._fill_tier, entry, None, bucket, key)
+        if opened is not None:
+            return opened
+        if again:  # evicted, or another process's entry failed its check: fetch it anew
+            return self._open_through_fetch(bucket, key, by_blocks, again=False)
+        raise CacheCorruptError(
+            f"{entry.meta.source}: the cached copy vanished or failed its digest check twice"
+        )
 
     def _join_or_start(
         self, bucket: str, key: str, by_blocks: bool = False, promote: bool = True
@@ -414,6 +452,8 @@ class ReadPath:
         return copy_to_local
 
     def _landed(self, fetch: Fetch) -> None:
+        if fetch.entry is not None and fetch.identity is not None:
+            self.verifier.trust((fetch.entry.entry_id, fetch.identity))
         with self._flights_lock:
             if self._flights.get(fetch.request.entry_id) is fetch:
                 del self._flights[fetch.request.entry_id]

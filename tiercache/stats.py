@@ -15,6 +15,8 @@ COUNTERS = (
     "revalidations",
     "invalidations",
     "corrupt_entries",
+    "verify_checks",
+    "verify_failures",
     "tier_full",
     "fetches",
     "fetches_joined",
@@ -28,6 +30,11 @@ COUNTERS = (
     "bytes_read",
     "bytes_written",
     "uploads",
+    "upload_errors",
+    "uploads_failed",
+    "uploads_lost",
+    "uploads_cancelled",
+    "multipart_aborted",
     "evictions",
     "bytes_evicted",
     "prefetched",
@@ -38,7 +45,7 @@ COUNTERS = (
     "prefetch_wasted_bytes",
 )
 # Accumulated seconds reported even when still zero.
-TIMES = ("reader_wait_seconds",)
+TIMES = ("reader_wait_seconds", "verify_seconds")
 
 
 class Stats:

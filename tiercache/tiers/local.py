@@ -195,6 +195,23 @@ class LocalTier:
             return entry
         return self.replace_meta(entry, dataclasses.replace(entry.meta, boot_id=self.boot_id))
 
+    def drop_corrupt(self, entry: CachedEntry, timeout: float) -> bool:
+        """Drop a clean entry that failed its digest check; True if it was dropped.
+
+        Under the entry lock, and only if the entry is still that clean version: a write
+        published meanwhile (dirty: the only copy of its bytes) must not go with it.
+        """
+        with self.entry_lock(entry.entry_id, timeout) as paths:
+            meta = read_meta(paths.meta)
+            old = entry.meta
+            if meta is None or meta.state != "clean" or old.state != "clean":
+                return False
+            if (meta.digest, meta.etag, meta.size) != (old.digest, old.etag, old.size):
+                return False
+            for path in entry_files(paths):
+                remove_file(path)
+            return True
+
     def touch(self, entry: CachedEntry) -> None:
         """Record an access (the meta file's mtime is the LRU clock)."""
         try:
