@@ -101,12 +101,14 @@ class WriteBehind:
 
     def _dirty_bytes(self, exclude: str, fresh: bool) -> int:
         with self._lock:
-            stamp, sizes = self._dirty_seen
+            stamp = self._dirty_seen[0]
         if fresh or time.monotonic() - stamp > 0.5:
             sizes = {r.entry_id: r.size for r in self._state.records() if r.state == "dirty"}
             with self._lock:
                 self._dirty_seen = (time.monotonic(), sizes)
-        return sum(size for entry_id, size in sizes.items() if entry_id != exclude)
+        with self._lock:  # other writers add their sizes to the dict meanwhile
+            sizes = self._dirty_seen[1]
+            return sum(size for entry_id, size in sizes.items() if entry_id != exclude)
 
     @property
     def exit_flush_timeout(self) -> float:

@@ -196,6 +196,10 @@ def _remove_leftovers(
         if len(name) > 65 and name[64] == "." and not name.endswith(".json"):
             by_entry.setdefault(name[:64], []).append(name[65:])
     for entry_id, suffixes in by_entry.items():
+        record = state.get(entry_id)
+        live = {f"{record.generation}.bytes", "upload"} if record is not None else set()
+        if set(suffixes) <= live:
+            continue  # a pending object's own files: nothing to clean, leave its claim alone
         claim = state.try_claim(entry_id)
         if claim is None:
             continue  # an upload or a direct store change is running: its files are live
