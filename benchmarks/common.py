@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -40,6 +41,7 @@ class Endpoint:
     secret: str
     region: str
     server_pid: int | None = None  # set when this script started the server
+    proxy_pid: int | None = None  # the remote-store emulator in front of it, if any
 
     @property
     def started_here(self) -> bool:
@@ -96,6 +98,35 @@ def s3_endpoint(url: str | None, tmp: Path) -> Iterator[Endpoint]:
         yield Endpoint(srv.endpoint, srv.access_key, srv.secret_key, srv.region, srv.pid)
 
 
+STORE_PROFILES = ("loopback", "s3-region", "cross-region")
+
+
+def add_store_profile_arg(p: argparse.ArgumentParser) -> None:
+    """--store-profile: the emulated remote store (scripts/remote_store.py) to run through."""
+    p.add_argument(
+        "--store-profile",
+        choices=STORE_PROFILES,
+        default="loopback",
+        help="run every mode through the remote-store emulator with this profile "
+        "(default loopback: straight to the server)",
+    )
+
+
+@contextlib.contextmanager
+def remote_store(endpoint: Endpoint, profile: str) -> Iterator[tuple[Endpoint, dict[str, Any]]]:
+    """The endpoint as seen through the emulator (its own process), and the profile's numbers.
+
+    For ``loopback`` no proxy runs and the endpoint is returned unchanged.
+    """
+    sys.path.insert(0, str(REPO / "scripts"))
+    import remote_store as rs
+
+    params = dataclasses.asdict(rs.resolve_profile(profile))
+    with rs.spawn(endpoint.url, profile) as spawned:
+        params["url"] = spawned.url
+        yield dataclasses.replace(endpoint, url=spawned.url, proxy_pid=spawned.pid), params
+
+
 def make_client(endpoint: Endpoint, pool: int = 16) -> Any:
     """A boto3 S3 client that, like tiercache's own, computes no CRC checksums."""
     config = botocore.config.Config(
@@ -124,7 +155,7 @@ def build_client_now(fs: Any) -> None:
 
 
 def server_cpu_seconds(pid: int | None) -> float:
-    """User + system CPU seconds of the S3 server process (0 when it runs elsewhere)."""
+    """User + system CPU seconds of the S3 server (or the proxy) process; 0 for None."""
     if pid is None:
         return 0.0
     try:

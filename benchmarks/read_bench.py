@@ -1,4 +1,4 @@
-"""Sequential-read benchmark: tiercache cold/warm vs local files, boto3 and fsspec simplecache."""
+"""Sequential-read benchmark: tiercache cold/warm vs local files, boto3, s3fs and simplecache."""
 
 from __future__ import annotations
 
@@ -36,10 +36,25 @@ NOTES = (
     "same warm server state.",
     "boto3_transfer_manager = client.download_fileobj into an io.BytesIO, default "
     "TransferConfig; the buffer is then verified (no chunked read of it is timed).",
+    "boto3_transfer_manager_c32 = the same with TransferConfig(max_concurrency=32, "
+    "multipart_chunksize=8 MiB) and a 32-connection pool. s3fs = a plain s3:// file of s3fs "
+    "(its default block size and readahead cache), read in --chunk-mib chunks.",
+    "--store-profile runs every mode through scripts/remote_store.py (a pacing proxy in its "
+    "own process: latency per request, a rate per connection and one for all connections; "
+    "params.store_profile has its numbers). Setup (upload, the untimed warm-up read, cleanup) "
+    "goes straight to the server. proxy_cpu_s = CPU seconds of the proxy over the timed "
+    "sections.",
     "boto3 baseline clients use request/response_checksum_calculation/validation="
     "'when_required', as tiercache's own client does, so neither side pays CRC checks.",
     "Cold modes use a fresh, empty cache directory per repeat; tiercache_warm is the second "
     "pass over the tiercache_cold filesystem, after every entry was published.",
+    "tiercache_warm trusts the files its own process fetched (no digest check, verify='first'). "
+    "tiercache_warm_checked reads the same tier with this process's trust forgotten before "
+    "each shard (untimed), as a new process would: every shard is checked against its xxh3 "
+    "digest (a worker hashes it ahead of the reader; the read of its last bytes waits for the "
+    "verdict); verify_checks in stats_after_warm_checked proves it. tiercache_warm_reboot "
+    "reads it through a filesystem with verify='reboot' (no check: the old default). The two "
+    "run in alternating order.",
     "Reported value per mode = median seconds over --repeat samples. The S3 modes run in a "
     "rotated order (each repeat starts one mode further on), so that no mode always follows "
     "the same one: the machine still settles what an earlier pass left (deleted files, freed "
@@ -85,7 +100,7 @@ class Context:
     dataset: Dataset
     tmp: Path
     samples: dict[str, list[float]] = field(default_factory=dict)
-    cpu: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    cpu: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -107,6 +122,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--shard-mib", type=float, default=64, help="object size in MiB (default 64)")
     p.add_argument("--chunk-mib", type=float, default=8, help="read size in MiB (default 8)")
     common.add_run_args(p, DEFAULT_JSON)
+    common.add_store_profile_arg(p)
     p.add_argument(
         "--concurrency",
         default="1,8",
@@ -158,10 +174,11 @@ def delete_dataset(client: Any, dataset: Dataset) -> None:
     client.delete_bucket(Bucket=dataset.bucket)
 
 
-def warm_up_s3(ctx: Context) -> None:
-    """Read every object once (untimed) so that all S3 modes see the same server state."""
+def warm_up_s3(ctx: Context, client: Any) -> None:
+    """Read every object once (untimed, with ``client``: straight to the server) so that all S3
+    modes see the same server state."""
     for shard in ctx.dataset.shards:
-        body = ctx.client.get_object(Bucket=ctx.dataset.bucket, Key=shard.key)["Body"]
+        body = client.get_object(Bucket=ctx.dataset.bucket, Key=shard.key)["Body"]
         while body.read(ctx.chunk):
             pass
         body.close()
@@ -198,11 +215,21 @@ def get_object_reader(ctx: Context) -> Reader:
     return read
 
 
-def transfer_manager_reader(ctx: Context) -> Reader:
+def transfer_manager_reader(ctx: Context, config: TransferConfig, client: Any) -> Reader:
     def read(shard: Shard) -> list[Any]:
         buf = io.BytesIO()
-        ctx.client.download_fileobj(ctx.dataset.bucket, shard.key, buf, Config=TransferConfig())
+        client.download_fileobj(ctx.dataset.bucket, shard.key, buf, Config=config)
         return [buf.getbuffer()]
+
+    return read
+
+
+def s3fs_reader(ctx: Context) -> Reader:
+    fs = fsspec.filesystem("s3", **ctx.endpoint.s3_options())
+
+    def read(shard: Shard) -> list[Any]:
+        with fs.open(f"{ctx.dataset.bucket}/{shard.key}", "rb") as f:
+            return drain(f, ctx.chunk)
 
     return read
 
@@ -247,24 +274,26 @@ def timed_pass(
     process (all threads) and of the S3 server over the timed sections.
     """
     os.sync()
-    total = client_cpu = server_cpu = primed = 0.0
-    pid = ctx.endpoint.server_pid
+    total = client_cpu = server_cpu = proxy_cpu = primed = 0.0
+    pid, proxy_pid = ctx.endpoint.server_pid, ctx.endpoint.proxy_pid
     for shard in ctx.dataset.shards:
         if not ctx.args.no_prime:
             primed += common.prime_page_cache(ctx.tmp, 2 * shard.size + 16 * MiB)
         if stage is not None:
             stage(shard)
         cpu0, srv0 = time.process_time(), common.server_cpu_seconds(pid)
+        proxy0 = common.server_cpu_seconds(proxy_pid)
         start = time.perf_counter()
         chunks = reader(shard)
         total += time.perf_counter() - start
         client_cpu += time.process_time() - cpu0
         server_cpu += common.server_cpu_seconds(pid) - srv0
+        proxy_cpu += common.server_cpu_seconds(proxy_pid) - proxy0
         verify(mode, shard, chunks)
         del chunks
     ctx.samples.setdefault(mode, []).append(total)
     ctx.extras.setdefault("prime_seconds", {}).setdefault(mode, []).append(round(primed, 3))
-    ctx.cpu.setdefault(mode, []).append((client_cpu, server_cpu))
+    ctx.cpu.setdefault(mode, []).append((client_cpu, server_cpu, proxy_cpu))
     return total
 
 
@@ -298,7 +327,9 @@ def local_write_pass(ctx: Context) -> None:
 # -- tiercache ---------------------------------------------------------------------------------
 
 
-def make_tiercache_fs(ctx: Context, local_dir: Path, concurrency: int | None) -> Any:
+def make_tiercache_fs(
+    ctx: Context, local_dir: Path, concurrency: int | None, verify: str | None = None
+) -> Any:
     options: dict[str, Any] = {
         "local_dir": str(local_dir),
         "consistency": "immutable",
@@ -306,6 +337,8 @@ def make_tiercache_fs(ctx: Context, local_dir: Path, concurrency: int | None) ->
     }
     if concurrency is not None:
         options["fetch_concurrency"] = concurrency
+    if verify is not None:
+        options["verify"] = verify
     fs = fsspec.filesystem(
         "tiercache",
         target_options=ctx.endpoint.s3_options(),
@@ -355,6 +388,31 @@ def check_chained_url(ctx: Context) -> dict[str, Any]:
     return {"url": f"tiercache::s3://{ctx.dataset.bucket}/{shard.key}", "fs": fs_class, "ok": True}
 
 
+def warm_checked_pass(ctx: Context, fs: Any) -> None:
+    """Warm, with every shard's digest checked: this process's trust is forgotten (untimed)
+    before each shard, as if a new process read it."""
+    before = fs.stats()["verify_checks"]
+
+    def forget(shard: Shard) -> None:
+        fs.read_path.verifier.forget_all()
+
+    timed_pass(ctx, "tiercache_warm_checked", tiercache_reader(ctx, fs), forget)
+    stats = fs.stats()
+    if stats["verify_checks"] - before != len(ctx.dataset.shards) or stats["verify_failures"]:
+        raise VerifyError(f"tiercache_warm_checked: not one check per shard: {stats}")
+    ctx.extras["stats_after_warm_checked"] = stats
+
+
+def warm_reboot_pass(ctx: Context, tier_dir: Path) -> None:
+    """Warm through a filesystem with ``verify="reboot"`` (no digest check) on the same tier."""
+    fs = make_tiercache_fs(ctx, tier_dir, None, verify="reboot")
+    timed_pass(ctx, "tiercache_warm_reboot", tiercache_reader(ctx, fs))
+    stats = fs.stats()
+    if stats["verify_checks"] or stats["misses"]:
+        raise VerifyError(f"tiercache_warm_reboot: checked or fetched: {stats}")
+    ctx.extras["stats_after_warm_reboot"] = stats
+
+
 # -- one repeat of every mode ------------------------------------------------------------------
 
 
@@ -368,7 +426,7 @@ def run_repeat(ctx: Context, index: int) -> None:
         run_pass()
 
 
-def s3_passes(ctx: Context) -> list[Callable[[], None]]:
+def s3_passes(ctx: Context) -> list[Callable[[], object]]:
     """The S3 modes, each a callable that runs its pass(es) and removes what it cached."""
 
     def simplecache_pass() -> None:
@@ -384,11 +442,30 @@ def s3_passes(ctx: Context) -> list[Callable[[], None]]:
         fs, tier_dir = tiercache_cold(ctx, "tiercache_cold", None)
         timed_pass(ctx, "tiercache_warm", tiercache_reader(ctx, fs))
         ctx.extras["stats_after_warm"] = fs.stats()
+        warm_passes = [
+            functools.partial(warm_checked_pass, ctx, fs),
+            functools.partial(warm_reboot_pass, ctx, tier_dir),
+        ]
+        if len(ctx.samples["local_raw"]) % 2 == 0:  # every other repeat: the other one first
+            warm_passes.reverse()
+        for run_pass in warm_passes:
+            run_pass()
         shutil.rmtree(tier_dir)
 
+    tuned = TransferConfig(max_concurrency=32, multipart_chunksize=8 * MiB)
     return [
         lambda: timed_pass(ctx, "boto3_get_object", get_object_reader(ctx)),
-        lambda: timed_pass(ctx, "boto3_transfer_manager", transfer_manager_reader(ctx)),
+        lambda: timed_pass(
+            ctx,
+            "boto3_transfer_manager",
+            transfer_manager_reader(ctx, TransferConfig(), ctx.client),
+        ),
+        lambda: timed_pass(
+            ctx,
+            "boto3_transfer_manager_c32",
+            transfer_manager_reader(ctx, tuned, common.make_client(ctx.endpoint, pool=32)),
+        ),
+        lambda: timed_pass(ctx, "s3fs", s3fs_reader(ctx)),
         simplecache_pass,
         *(functools.partial(tiercache_concurrency_pass, n) for n in ctx.args.concurrency),
         tiercache_pass,
@@ -399,6 +476,8 @@ def s3_passes(ctx: Context) -> list[Callable[[], None]]:
 
 RATIOS: tuple[common.RatioSpec, ...] = (
     ("tiercache_warm / local_raw", "tiercache_warm", ("local_raw",), 0.9),
+    ("tiercache_warm_checked / local_raw", "tiercache_warm_checked", ("local_raw",), 0.9),
+    ("tiercache_warm_reboot / local_raw", "tiercache_warm_reboot", ("local_raw",), None),
     (
         "tiercache_cold / fsspec_simplecache_cold",
         "tiercache_cold",
@@ -418,6 +497,12 @@ RATIOS: tuple[common.RatioSpec, ...] = (
         ("boto3_transfer_manager",),
         None,
     ),
+    (
+        "tiercache_cold / boto3_transfer_manager_c32",
+        "tiercache_cold",
+        ("boto3_transfer_manager_c32",),
+        None,
+    ),
 )
 
 
@@ -432,9 +517,12 @@ def summarize(ctx: Context) -> dict[str, dict[str, Any]]:
             "seconds": round(seconds, 4),
             "mib_s": round(total / MiB / seconds, 1),
             "samples_s": [round(s, 4) for s in samples],
-            "client_cpu_s": round(statistics.median(c for c, _ in cpu), 3),
-            "server_cpu_s": round(statistics.median(s for _, s in cpu), 3)
+            "client_cpu_s": round(statistics.median(c for c, _, _ in cpu), 3),
+            "server_cpu_s": round(statistics.median(s for _, s, _ in cpu), 3)
             if ctx.endpoint.started_here
+            else None,
+            "proxy_cpu_s": round(statistics.median(p for _, _, p in cpu), 3)
+            if ctx.endpoint.proxy_pid is not None
             else None,
         }
     return modes
@@ -444,14 +532,22 @@ def print_report(result: dict[str, Any]) -> None:
     params = result["params"]
     print(
         f"\ntiercache read benchmark: {params['shards']} shards x {params['shard_mib']:g} MiB, "
-        f"{params['chunk_mib']:g} MiB reads, median of {params['repeat']} repeat(s)\n"
+        f"{params['chunk_mib']:g} MiB reads, median of {params['repeat']} repeat(s)"
     )
-    print(f"{'mode':<26} {'MiB':>7} {'seconds':>8} {'MiB/s':>8} {'cpu_s':>6} {'srv_cpu_s':>9}")
+    store = params["store_profile"]
+    print(
+        f"store profile {store['name']}: {store['latency_s'] * 1000:g} ms per request, "
+        f"{store['conn_bps'] / MiB:g} MiB/s per connection, {store['total_bps'] / MiB:g} MiB/s "
+        f"in all (0 = unlimited), error rate {store['error_rate']:g}\n"
+    )
+    head = f"{'mode':<28} {'MiB':>7} {'seconds':>8} {'MiB/s':>8} {'cpu_s':>6} {'srv_cpu_s':>9}"
+    print(f"{head} {'proxy_cpu_s':>11}")
     for mode, row in result["modes"].items():
         srv = "-" if row["server_cpu_s"] is None else f"{row['server_cpu_s']:.2f}"
+        proxy = "-" if row.get("proxy_cpu_s") is None else f"{row['proxy_cpu_s']:.2f}"
         print(
-            f"{mode:<26} {row['bytes'] / MiB:>7.0f} {row['seconds']:>8.3f} {row['mib_s']:>8.1f} "
-            f"{row['client_cpu_s']:>6.2f} {srv:>9}"
+            f"{mode:<28} {row['bytes'] / MiB:>7.0f} {row['seconds']:>8.3f} {row['mib_s']:>8.1f} "
+            f"{row['client_cpu_s']:>6.2f} {srv:>9} {proxy:>11}"
         )
     common.print_ratio_rows(result["ratios"], 64)
     common.print_notes(result["notes"])
@@ -461,34 +557,48 @@ def print_report(result: dict[str, Any]) -> None:
 
 
 def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[str, Any]:
-    client = common.make_client(endpoint)
-    dataset = build_dataset(client, args, tmp)
+    direct = common.make_client(endpoint)
+    dataset = build_dataset(direct, args, tmp)
     try:
-        ctx = Context(args, endpoint, client, dataset, tmp)
-        warm_up_s3(ctx)
-        ctx.extras["chained_url_check"] = check_chained_url(ctx)
-        for index in range(args.repeat):
-            run_repeat(ctx, index)
-        modes = summarize(ctx)
-        return {
-            "params": {
-                "shards": args.shards,
-                "shard_mib": args.shard_mib,
-                "chunk_mib": args.chunk_mib,
-                "repeat": args.repeat,
-                "concurrency": args.concurrency,
-                "statistic": "median",
-                "primed": not args.no_prime,
-            },
-            "machine": common.machine_info(endpoint),
-            "modes": modes,
-            "ratios": common.ratio_rows(modes, RATIOS),
-            **ctx.extras,
-            "notes": list(NOTES),
-        }
+        with common.remote_store(endpoint, args.store_profile) as (store, profile):
+            return benchmark_through(args, store, profile, dataset, tmp, direct)
     finally:
         if not endpoint.started_here:
-            delete_dataset(client, dataset)
+            delete_dataset(direct, dataset)
+
+
+def benchmark_through(
+    args: argparse.Namespace,
+    endpoint: Endpoint,
+    profile: dict[str, Any],
+    dataset: Dataset,
+    tmp: Path,
+    direct: Any,
+) -> dict[str, Any]:
+    """Every mode, through ``endpoint`` (the store as the profile emulates it)."""
+    ctx = Context(args, endpoint, common.make_client(endpoint), dataset, tmp)
+    warm_up_s3(ctx, direct)
+    ctx.extras["chained_url_check"] = check_chained_url(ctx)
+    for index in range(args.repeat):
+        run_repeat(ctx, index)
+    modes = summarize(ctx)
+    return {
+        "params": {
+            "shards": args.shards,
+            "shard_mib": args.shard_mib,
+            "chunk_mib": args.chunk_mib,
+            "repeat": args.repeat,
+            "concurrency": args.concurrency,
+            "statistic": "median",
+            "primed": not args.no_prime,
+            "store_profile": profile,
+        },
+        "machine": common.machine_info(endpoint),
+        "modes": modes,
+        "ratios": common.ratio_rows(modes, RATIOS),
+        **ctx.extras,
+        "notes": list(NOTES),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
