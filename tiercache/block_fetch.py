@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import xxhash
 
 from tiercache import forksafe
-from tiercache.config import TierCacheConfig
+from tiercache.config import TierCacheConfig, fetch_streams
 from tiercache.digest import xxh3_file
 from tiercache.errors import ObjectChangedError, StoreUnavailableError
 from tiercache.stats import Stats
@@ -76,7 +76,7 @@ class BlockFetcher:
     def _executor(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._pool is None:
-                workers = max(2, self._config.fetch_concurrency)
+                workers = max(2, fetch_streams(self._config))
                 self._pool = ThreadPoolExecutor(workers, thread_name_prefix="tiercache-block")
             return self._pool
 

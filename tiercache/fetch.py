@@ -27,7 +27,7 @@ from tiercache.errors import CacheCorruptError
 from tiercache.extents import Extents
 from tiercache.stats import Stats
 from tiercache.store.base import ObjectInfo, ObjectStore
-from tiercache.store.download import CHUNK, download
+from tiercache.store.download import CHUNK, StreamGovernor, download
 from tiercache.store.retry import RetryPolicy
 from tiercache.tiers.entry import CachedEntry, EntryMeta, EntryPaths
 from tiercache.tiers.local import LocalTier, remove_file
@@ -67,6 +67,8 @@ class FetchRequest:
     after_publish: Callable[[CachedEntry], None] | None = None
     # Objects of at least this size are not fetched whole (see ``BlockModeRequiredError``).
     block_threshold: int | None = None
+    # Learns how many of ``concurrency`` streams the link pays for (None: use them all).
+    governor: StreamGovernor | None = None
 
 
 class Fetch:
@@ -270,6 +272,7 @@ class Fetch:
                 part_size=req.part_size,
                 concurrency=req.concurrency,
                 retry=self._retry,
+                governor=req.governor,
             )
             with self._cond:
                 arrived = self._extents.prefix_end()

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from tiercache import forksafe
 from tiercache.block_fetch import BlockFetcher, BlockSource
-from tiercache.config import TierCacheConfig
+from tiercache.config import TierCacheConfig, fetch_streams
 from tiercache.errors import (
     CacheCorruptError,
     CacheTimeoutError,
@@ -34,6 +34,7 @@ from tiercache.fetch import BlockModeRequiredError, Fetch, FetchRequest
 from tiercache.promote import promote
 from tiercache.stats import Stats
 from tiercache.store.base import ObjectInfo, ObjectStore
+from tiercache.store.download import StreamGovernor
 from tiercache.store.retry import RetryPolicy
 from tiercache.tiers.blocks import BlockEntry
 from tiercache.tiers.entry import CachedEntry
@@ -82,6 +83,7 @@ class ReadPath:
         self._flights: dict[str, Fetch] = {}
         self._flights_lock = threading.Lock()
         self._authorized: dict[str, float] = {}  # entry id -> when the store last said yes
+        self._streams = StreamGovernor(fetch_streams(config))  # learned per store
         self.verifier = Verifier(stats)
         self._checks = EntryChecks(self.verifier, config.verify, config.lock_timeout, shared)
         self.blocks = BlockFetcher(config, tier, store, self._retry, stats, self.verifier)
@@ -413,8 +415,9 @@ class ReadPath:
                 source=source,
                 namespace=self._store.namespace,
                 entry_id=entry_id,
-                part_size=self._config.part_size,
-                concurrency=self._config.fetch_concurrency,
+                part_size=self._config.range_size,
+                concurrency=fetch_streams(self._config),
+                governor=self._streams if self._config.fetch_concurrency is None else None,
                 lock_timeout=self._config.lock_timeout,
                 accept_existing=self._acceptor(time.time()),
                 after_publish=self._promoter() if promote else None,

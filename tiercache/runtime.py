@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiercache.checkpoints import CheckpointRegistry
-from tiercache.config import TierCacheConfig
+from tiercache.config import TierCacheConfig, fetch_streams
 from tiercache.prefetch.engine import PrefetchEngine
 from tiercache.read_path import ReadPath
 from tiercache.stats import Stats
@@ -126,7 +126,8 @@ def _s3_store(config: TierCacheConfig, options: S3Options) -> S3Store:
         retry=RetryPolicy(attempts=config.retries),
         connect_timeout=config.connect_timeout,
         read_timeout=config.read_timeout,
-        max_connections=max(16, 4 * config.fetch_concurrency),
+        # Each fetch's streams, prefetches in flight and upload parts hold connections.
+        max_connections=max(16, 2 * fetch_streams(config) + 4 * config.upload_concurrency),
         part_size=config.part_size,
-        upload_concurrency=config.fetch_concurrency,
+        upload_concurrency=config.upload_concurrency,
     )

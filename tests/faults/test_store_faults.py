@@ -29,7 +29,7 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "parts": {
         "size": 2 * PART + 12345,
         "gets": 3,
-        "options": {"fetch_concurrency": 2, "part_size": PART},
+        "options": {"fetch_concurrency": 2, "range_size": PART},
     },
 }
 TRUNCATE_AT = MiB + 4321  # not a multiple of tiercache's 1 MiB read chunk
@@ -302,7 +302,7 @@ def test_write_through_retries_upload_faults(
     faulty_fs: Build, proxy: FaultProxy, s3_client: Any, bucket: str, fault: str
 ) -> None:
     size, inject, puts_matching, extra = UPLOAD_FAULTS[fault]
-    fs = faulty_fs(write_mode="through", part_size=PART, fetch_concurrency=2)
+    fs = faulty_fs(write_mode="through", part_size=PART, upload_concurrency=2)
     data = os.urandom(size)
     inject(proxy)
     with fs.open(f"{bucket}/ckpt.pt", "wb") as f:
@@ -334,7 +334,7 @@ def test_write_through_persistent_faults_fail_cleanly(
     abort: int,
 ) -> None:
     retries = 3
-    fs = faulty_fs(write_mode="through", retries=retries, part_size=PART, fetch_concurrency=2)
+    fs = faulty_fs(write_mode="through", retries=retries, part_size=PART, upload_concurrency=2)
     data = os.urandom(size)
     inject(proxy)
     started = time.monotonic()
@@ -371,7 +371,7 @@ def test_write_behind_uploader_retries_until_the_upload_succeeds(
     inject: Callable[[FaultProxy], None],
 ) -> None:
     # 3 faults with 2 attempts per request: the first upload fails, a later one succeeds.
-    fs = faulty_fs(retries=2, part_size=PART, fetch_concurrency=2)
+    fs = faulty_fs(retries=2, part_size=PART, upload_concurrency=2)
     data = os.urandom(size)
     inject(proxy)
     with fs.open(f"{bucket}/ckpt/rank0.pt", "wb") as f:

@@ -40,7 +40,7 @@ def test_cold_then_warm_read_returns_same_bytes(make_fs: Any, s3_client: Any, bu
 def test_multipart_parallel_fetch_is_byte_exact(make_fs: Any, s3_client: Any, bucket: str) -> None:
     data = os.urandom(23 * MiB + 5)
     s3_client.put_object(Bucket=bucket, Key="big.bin", Body=data)
-    fs = make_fs(part_size=5 * MiB, fetch_concurrency=4)
+    fs = make_fs(range_size=5 * MiB, fetch_concurrency=4)
 
     with fs.open(f"{bucket}/big.bin") as f:
         chunks = []
@@ -58,7 +58,7 @@ def test_cached_digest_matches_the_bytes(make_fs: Any, s3_client: Any, bucket: s
 
     data = os.urandom(12 * MiB + 1)
     s3_client.put_object(Bucket=bucket, Key="d.bin", Body=data)
-    fs = make_fs(part_size=5 * MiB, fetch_concurrency=3)
+    fs = make_fs(range_size=5 * MiB, fetch_concurrency=3)
     fs.cat_file(f"{bucket}/d.bin")
     fs.wait_fetches()
     entry = fs.read_path.cached(bucket, "d.bin")

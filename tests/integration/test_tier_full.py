@@ -28,7 +28,7 @@ def test_reads_bypass_a_full_tier_with_correct_bytes(
 ) -> None:
     big = os.urandom(12 * MiB)
     s3_client.put_object(Bucket=bucket, Key="big.bin", Body=big)
-    fs = _fs(s3, small_tier, consistency="immutable", part_size=5 * MiB, fetch_concurrency=2)
+    fs = _fs(s3, small_tier, consistency="immutable", range_size=5 * MiB, fetch_concurrency=2)
     with fs.open(f"{bucket}/big.bin") as f:
         chunks = []
         while chunk := f.read(MiB + 1):

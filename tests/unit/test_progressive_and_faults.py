@@ -73,6 +73,7 @@ class FlakyStore(MemoryStore):
 
 def _fs(tmp_path: Path, store: MemoryStore, **options: Any) -> TierCacheFileSystem:
     options.setdefault("part_size", 5 * MiB)
+    options.setdefault("range_size", 5 * MiB)
     return TierCacheFileSystem(
         store=store, local_dir=str(tmp_path / "t"), skip_instance_cache=True, **options
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Protocol
 
 from tiercache.errors import StoreUnavailableError
@@ -33,21 +33,64 @@ class RangeSink(Protocol):
         ...
 
 
+class StreamGovernor:
+    """How many ranged GETs a fetch runs at once, learned from what the link gives.
+
+    A remote store gives one connection a small share of the link, so a fetch adds streams
+    while its throughput grows with each one (up to ``maximum``); a store that serves one
+    stream fast (at least ``FAST`` bytes/s: a loopback or same-rack server, where every
+    extra stream only costs CPU) is read with one GET per object. What a fetch learned is
+    where the next one starts, so only the first fetches of a process probe.
+    """
+
+    FAST = 256 * 1024 * 1024  # bytes/s of one stream that the link does not hold back
+    GAIN = 1.15  # a stream is worth adding while the last one raised throughput this much
+    WINDOW = 0.25  # seconds of transfer each decision looks at
+
+    def __init__(self, maximum: int) -> None:
+        self.maximum = maximum
+        self._lock = threading.Lock()
+        self._streams = 0  # 0: nothing learned yet (probe from one stream)
+
+    def start(self) -> int:
+        """Streams a new fetch starts with (0: probe)."""
+        with self._lock:
+            return min(self._streams, self.maximum)
+
+    def learned(self, streams: int) -> None:
+        with self._lock:
+            self._streams = streams
+
+
 class _Parts:
-    """Hands out byte ranges in ascending order, so that a progressive reader is fed first."""
+    """Hands out byte ranges in ascending order, so that a progressive reader is fed first.
+
+    Once ``whole_rest`` is set (one stream is all the link needs), the next range is all
+    that is left: one GET instead of one per part.
+    """
 
     def __init__(self, start: int, size: int, part_size: int) -> None:
-        self._ranges: Iterator[tuple[int, int]] = (
-            (off, min(off + part_size, size)) for off in range(start, size, part_size)
-        )
+        self._next = start
+        self._size = size
+        self._part_size = part_size
         self._lock = threading.Lock()
+        self.whole_rest = False
         self.failed: BaseException | None = None
 
     def next(self) -> tuple[int, int] | None:
         with self._lock:
-            if self.failed is not None:
+            if self.failed is not None or self._next >= self._size:
                 return None
-            return next(self._ranges, None)
+            start = self._next
+            step = self._size - start if self.whole_rest else self._part_size
+            self._next = min(start + step, self._size)
+            return start, self._next
+
+    def left(self) -> int:
+        with self._lock:
+            return (
+                0 if self.failed is not None else -(-(self._size - self._next) // self._part_size)
+            )
 
     def fail(self, exc: BaseException) -> None:
         with self._lock:
@@ -65,15 +108,18 @@ def download(
     concurrency: int,
     retry: RetryPolicy,
     if_match: str | None = None,
+    governor: StreamGovernor | None = None,
 ) -> ObjectInfo:
-    """Fetch the whole object into ``sink`` with up to ``concurrency`` ranged GETs at once.
+    """Fetch the whole object into ``sink`` with up to ``concurrency`` ranged GETs at once
+    (with a ``governor``: as many as the link pays for, learned while it runs).
 
     The first GET reveals size and ETag; every later part is pinned to that ETag with
     ``If-Match`` so that an object replaced mid-fetch fails instead of mixing versions.
     """
-    # With a single stream there is nothing to split: one GET for the whole object.
+    streams = concurrency if governor is None else governor.start()
+    # A single stream, known to be enough: nothing to split, one GET for the whole object.
     first = store.open_range(
-        bucket, key, 0, part_size if concurrency > 1 else None, if_match=if_match
+        bucket, key, 0, part_size if concurrency > 1 and streams != 1 else None, if_match=if_match
     )
     info = first.info
     try:
@@ -82,27 +128,90 @@ def download(
         first.close()
         raise
     parts = _Parts(first.end, info.size, part_size)
-    workers = [
-        threading.Thread(
+    counted = _CountingSink(sink)
+    workers: list[threading.Thread] = []
+
+    def add_stream() -> None:
+        thread = threading.Thread(
             target=_worker,
-            args=(store, info, sink, parts, retry, None),
-            name=f"tiercache-get-{i}",
+            args=(store, info, counted, parts, retry, None),
+            name=f"tiercache-get-{len(workers) + 1}",
             daemon=True,
         )
-        for i in range(min(concurrency - 1, _count_parts(first.end, info.size, part_size)))
-    ]
-    for thread in workers:
+        workers.append(thread)
         thread.start()
-    _worker(store, info, sink, parts, retry, first)
+
+    for _ in range(min(max(streams, 1), concurrency) - 1):
+        if parts.left() > len(workers):
+            add_stream()
+    control = None
+    if governor is not None and concurrency > 1 and streams != 1:
+        control = threading.Thread(
+            target=_govern, args=(governor, counted, parts, workers, add_stream), daemon=True
+        )
+        control.start()
+    _worker(store, info, counted, parts, retry, first)
+    if control is not None:
+        control.join()
     for thread in workers:
         thread.join()
     if parts.failed is not None:
         raise parts.failed
+    if governor is not None and streams <= 1:
+        rate = counted.total / max(time.monotonic() - counted.began, 1e-6)
+        alone = not workers
+        if streams == 0 and alone and rate >= StreamGovernor.FAST:
+            governor.learned(1)  # done before the first decision, on one fast stream
+        elif streams == 1 and rate < StreamGovernor.FAST and info.size >= 2 * part_size:
+            governor.learned(0)  # the link holds one stream back now: probe again next time
     return info
 
 
-def _count_parts(start: int, size: int, part_size: int) -> int:
-    return max(0, -(-(size - start) // part_size))
+class _CountingSink:
+    """A sink that counts the bytes written into it (for the stream governor)."""
+
+    def __init__(self, sink: RangeSink) -> None:
+        self._sink = sink
+        self.total = 0
+        self.began = time.monotonic()
+
+    def begin(self, info: ObjectInfo) -> None:
+        self._sink.begin(info)
+
+    def next_read(self, offset: int) -> int:
+        return self._sink.next_read(offset)
+
+    def write(self, offset: int, data: memoryview | bytes) -> None:
+        self._sink.write(offset, data)
+        self.total += len(data)  # an estimate: increments from threads may race, rarely
+
+
+def _govern(
+    governor: StreamGovernor,
+    counted: _CountingSink,
+    parts: _Parts,
+    workers: list[threading.Thread],
+    add_stream: Callable[[], None],
+) -> None:
+    """Add a stream while the last one raised throughput; settle on what the link gives."""
+    before = None  # throughput with one stream fewer
+    while parts.left() > 0:
+        streams = 1 + sum(t.is_alive() for t in workers)
+        mark = counted.total
+        time.sleep(StreamGovernor.WINDOW)
+        rate = (counted.total - mark) / StreamGovernor.WINDOW
+        if streams == 1 and rate >= StreamGovernor.FAST:
+            parts.whole_rest = True  # the link is not what limits one stream
+            governor.learned(1)
+            return
+        if before is not None and rate < before * StreamGovernor.GAIN:
+            governor.learned(max(1, streams - 1))  # the last stream did not pay
+            return
+        if streams >= governor.maximum or parts.left() <= len(workers):
+            governor.learned(streams)
+            return
+        before = rate
+        add_stream()
 
 
 def _worker(

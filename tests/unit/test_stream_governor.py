@@ -1,0 +1,130 @@
+"""Parallel ranged GETs sized from what the link gives: more streams only while they pay."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+from tiercache import MemoryStore
+from tiercache.store.base import ObjectInfo
+from tiercache.store.download import StreamGovernor, download
+from tiercache.store.memory import MemoryStream
+from tiercache.store.retry import RetryPolicy
+
+MiB = 1024 * 1024
+
+
+class _Link:
+    """A shared link: each connection at most ``per_stream`` bytes/s, all at most ``total``."""
+
+    def __init__(self, per_stream: float, total: float) -> None:
+        self.per_stream, self.total = per_stream, total
+        self._lock = threading.Lock()
+        self._free_at = time.monotonic()
+
+    def pace(self, nbytes: int, stream_free_at: float) -> float:
+        now = time.monotonic()
+        with self._lock:
+            self._free_at = max(self._free_at, now) + nbytes / self.total
+            shared = self._free_at
+        own = max(stream_free_at, now) + nbytes / self.per_stream
+        time.sleep(max(0.0, max(own, shared) - now))
+        return own
+
+
+class _LinkStream:
+    def __init__(self, inner: MemoryStream, link: _Link | None) -> None:
+        self.info, self.start, self.end = inner.info, inner.start, inner.end
+        self._inner, self._link, self._free_at = inner, link, time.monotonic()
+
+    def read(self, amount: int) -> bytes:
+        data = self._inner.read(min(amount, 256 * 1024))
+        if self._link is not None:
+            self._free_at = self._link.pace(len(data), self._free_at)
+        return data
+
+    def readinto(self, buffer: memoryview) -> int:
+        count = self._inner.readinto(buffer[: 256 * 1024])
+        if self._link is not None:
+            self._free_at = self._link.pace(count, self._free_at)
+        return count
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class _LinkStore(MemoryStore):
+    def __init__(self, link: _Link | None) -> None:
+        super().__init__(["b"])
+        self.link = link
+        self.opened = 0
+        self._count_lock = threading.Lock()
+
+    def open_range(
+        self, bucket: str, key: str, start: int, end: int | None, if_match: str | None = None
+    ) -> Any:
+        with self._count_lock:
+            self.opened += 1
+        return _LinkStream(super().open_range(bucket, key, start, end, if_match), self.link)
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self._lock = threading.Lock()
+
+    def begin(self, info: ObjectInfo) -> None:
+        self.data = bytearray(info.size)
+
+    def next_read(self, offset: int) -> int:
+        return 0
+
+    def write(self, offset: int, data: memoryview | bytes) -> None:
+        with self._lock:
+            self.data[offset : offset + len(data)] = data
+
+
+def _fetch(store: _LinkStore, governor: StreamGovernor, size: int) -> tuple[bytes, bytes]:
+    payload = random.randbytes(size)
+    store.put_bytes("b", "k", payload)
+    sink = _Sink()
+    download(
+        store,
+        "b",
+        "k",
+        sink,
+        part_size=1 * MiB,
+        concurrency=governor.maximum,
+        retry=RetryPolicy(attempts=2),
+        governor=governor,
+    )
+    return payload, bytes(sink.data)
+
+
+def test_a_slow_link_gets_streams_until_the_aggregate_is_full() -> None:
+    # One connection gets a quarter of the link: about four streams fill it.
+    store = _LinkStore(_Link(per_stream=6 * MiB, total=24 * MiB))
+    governor = StreamGovernor(16)
+    governor.WINDOW = 0.15
+    payload, got = _fetch(store, governor, 24 * MiB)
+    assert got == payload
+    learned = governor.start()
+    assert 3 <= learned <= 6, learned
+    started = time.monotonic()
+    payload, got = _fetch(store, governor, 24 * MiB)  # the next fetch starts there
+    assert got == payload
+    assert (24 * MiB) / (time.monotonic() - started) > 0.7 * 24 * MiB
+
+
+def test_a_fast_store_is_read_with_one_get_per_object() -> None:
+    store = _LinkStore(None)  # no link limit: one stream is as fast as it gets
+    governor = StreamGovernor(16)
+    governor.WINDOW = 0.05
+    payload, got = _fetch(store, governor, 64 * MiB)
+    assert got == payload
+    assert governor.start() == 1
+    store.opened = 0
+    payload, got = _fetch(store, governor, 64 * MiB)
+    assert got == payload and store.opened == 1  # learned: the whole object in one GET
