@@ -145,20 +145,25 @@ def download(
         if parts.left() > len(workers):
             add_stream()
     control = None
+    done = threading.Event()  # ends the governor's wait at once: it never delays the fetch
     if governor is not None and concurrency > 1 and streams != 1:
         control = threading.Thread(
-            target=_govern, args=(governor, counted, parts, workers, add_stream), daemon=True
+            target=_govern,
+            args=(governor, counted, parts, workers, add_stream, done),
+            daemon=True,
         )
         control.start()
     _worker(store, info, counted, parts, retry, first)
-    if control is not None:
-        control.join()
     for thread in workers:
         thread.join()
+    elapsed = time.monotonic() - counted.began
+    done.set()
+    if control is not None:
+        control.join()
     if parts.failed is not None:
         raise parts.failed
     if governor is not None and streams <= 1:
-        rate = counted.total / max(time.monotonic() - counted.began, 1e-6)
+        rate = counted.total / max(elapsed, 1e-6)
         alone = not workers
         if streams == 0 and alone and rate >= StreamGovernor.FAST:
             governor.learned(1)  # done before the first decision, on one fast stream
@@ -192,14 +197,16 @@ def _govern(
     parts: _Parts,
     workers: list[threading.Thread],
     add_stream: Callable[[], None],
+    done: threading.Event,
 ) -> None:
     """Add a stream while the last one raised throughput; settle on what the link gives."""
     before = None  # throughput with one stream fewer
     while parts.left() > 0:
         streams = 1 + sum(t.is_alive() for t in workers)
         mark = counted.total
-        time.sleep(StreamGovernor.WINDOW)
-        rate = (counted.total - mark) / StreamGovernor.WINDOW
+        if done.wait(governor.WINDOW):
+            return
+        rate = (counted.total - mark) / governor.WINDOW
         if streams == 1 and rate >= StreamGovernor.FAST:
             parts.whole_rest = True  # the link is not what limits one stream
             governor.learned(1)
