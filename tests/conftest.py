@@ -129,17 +129,3 @@ def proxy(s3: S3Endpoint) -> Iterator[FaultProxy]:
     """A fault-injecting proxy in front of the session's server (it also counts requests)."""
     with FaultProxy(s3.endpoint) as fault_proxy:
         yield fault_proxy
-
-
-def flip_byte(path: str, offset: int) -> None:
-    """Corrupt a cached file in place: invert one byte."""
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0xFF]))
-
-
-def forget_checks(fs: TierCacheFileSystem) -> None:
-    """What a new process starts with: no cached file checked against its digest yet."""
-    fs.read_path.verifier.forget_all()
