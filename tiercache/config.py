@@ -56,11 +56,8 @@ def default_local_dir() -> str:
 
 # The most ranged GETs a fetch runs when it learns how many the link pays for.
 MAX_STREAMS = 16
-
-
-def default_upload_concurrency() -> int:
-    """Parts of one multipart upload sent at once: one per spare core, at most 4."""
-    return min(4, max(1, (os.cpu_count() or 2) - 1))
+# The most multipart-upload parts a process sends at once when it learns how many to send.
+MAX_PARTS_IN_FLIGHT = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,7 +75,14 @@ class TierCacheConfig:
             (a remote store gives one connection a small share of the link), and a store
             that serves one stream fast gets one GET per object. A number: exactly that
             many (1: one GET per object).
-        upload_concurrency: parts of one multipart upload sent at once.
+        upload_concurrency: multipart-upload parts one process sends at once. None (default):
+            learned from the link, up to ``MAX_PARTS_IN_FLIGHT``: parts are added while each
+            still gets most of the best rate seen, and a store that takes one part fast gets
+            two at a time. A number: exactly that many.
+        upload_while_writing: in ``write_mode="behind"``, send a large file's parts while it
+            is still being written (completed only after ``close()`` has journaled it), so
+            the upload ends about when the writing does. Objects uploaded so carry no
+            ``tiercache-xxh3`` metadata (S3 fixes metadata when the upload begins).
         part_size: bytes per multipart-upload part.
         range_size: bytes per ranged GET when a fetch runs several (AWS's guidance: 8-16 MB).
         lock_timeout: seconds to wait for a fetch held by another process before failing.
@@ -146,7 +150,8 @@ class TierCacheConfig:
     consistency: Consistency = "ttl"
     ttl: float = 60.0
     fetch_concurrency: int | None = None
-    upload_concurrency: int = dataclasses.field(default_factory=default_upload_concurrency)
+    upload_concurrency: int | None = None
+    upload_while_writing: bool = True
     part_size: int = 16 * MiB
     range_size: int = 8 * MiB
     lock_timeout: float = 300.0
@@ -192,7 +197,12 @@ class TierCacheConfig:
         _require_number("ttl", self.ttl, minimum=0.0)
         if self.fetch_concurrency is not None:
             _require_int("fetch_concurrency", self.fetch_concurrency, minimum=1, maximum=64)
-        _require_int("upload_concurrency", self.upload_concurrency, minimum=1, maximum=64)
+        if self.upload_concurrency is not None:
+            _require_int("upload_concurrency", self.upload_concurrency, minimum=1, maximum=64)
+        if not isinstance(self.upload_while_writing, bool):
+            raise ConfigError(
+                f"upload_while_writing must be true or false, got {self.upload_while_writing!r}"
+            )
         _require_int("part_size", self.part_size, minimum=5 * MiB, maximum=5 * GiB)
         _require_int("range_size", self.range_size, minimum=64 * 1024, maximum=5 * GiB)
         _require_number("lock_timeout", self.lock_timeout, minimum=0.0)
@@ -328,7 +338,7 @@ def dir_mode_for(file_mode: int) -> int:
 # How a string from the environment, the config file or a flag becomes each option's value:
 # the one table of option kinds. Every field must appear (checked at import below), so a new
 # option cannot silently pass its string through unparsed.
-OptionKind = Literal["size", "int", "float", "mode", "path", "choice", "text"]
+OptionKind = Literal["size", "int", "float", "mode", "path", "choice", "text", "bool"]
 OPTION_KINDS: Mapping[str, OptionKind] = MappingProxyType(
     {
         "local_dir": "path",
@@ -337,6 +347,7 @@ OPTION_KINDS: Mapping[str, OptionKind] = MappingProxyType(
         "ttl": "float",
         "fetch_concurrency": "int",
         "upload_concurrency": "int",
+        "upload_while_writing": "bool",
         "part_size": "size",
         "range_size": "size",
         "lock_timeout": "float",
@@ -387,6 +398,10 @@ def _check_option_kinds() -> None:
 _check_option_kinds()
 
 
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False}
+_BOOLS |= {"no": False, "off": False}
+
+
 def _coerce(name: str, value: Any, source: str | None = None) -> Any:
     """Turn strings from the environment, the config file or flags into the field's type;
     ``__post_init__`` then checks the range."""
@@ -398,6 +413,11 @@ def _coerce(name: str, value: Any, source: str | None = None) -> Any:
         return os.fspath(value) if isinstance(value, os.PathLike) else value
     if not isinstance(value, str) or kind in ("choice", "text"):
         return value
+    if kind == "bool":
+        flag = _BOOLS.get(value.strip().lower())
+        if flag is None:
+            raise ConfigError(f"{label} must be true or false, got {value!r}")
+        return flag
     try:
         if kind == "mode":
             return int(value, 8)
@@ -441,3 +461,8 @@ def _require_number(name: str, value: Any, minimum: float) -> None:
 def fetch_streams(config: TierCacheConfig) -> int:
     """The most ranged GETs one fetch of ``config`` runs at once."""
     return config.fetch_concurrency or MAX_STREAMS
+
+
+def upload_parts(config: TierCacheConfig) -> int:
+    """The most multipart-upload parts one process of ``config`` sends at once."""
+    return config.upload_concurrency or MAX_PARTS_IN_FLIGHT

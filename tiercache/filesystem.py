@@ -188,10 +188,13 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
             # outlive them there (an immutable reader would be served it after eviction).
             self.read_path.invalidate_shared(bucket, key)
             on_close = None
+            stream = None
             if self.config.write_mode == "behind":
                 commit: Committer = self._runtime.write_behind
                 self._runtime.uploader.writer_opened()
                 on_close = self._runtime.uploader.writer_closed
+                if self.config.upload_while_writing:
+                    stream = self._runtime.uploader.streamer(bucket, key)
             else:
                 commit = self._runtime.write_through
             try:
@@ -204,6 +207,7 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
                     source=source_url(bucket, key),
                     commit=commit,
                     on_close=on_close,
+                    stream=stream,
                 )
             except BaseException:
                 if on_close is not None:

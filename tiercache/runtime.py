@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiercache.checkpoints import CheckpointRegistry
-from tiercache.config import TierCacheConfig, fetch_streams
+from tiercache.config import TierCacheConfig, fetch_streams, upload_parts
 from tiercache.prefetch.engine import PrefetchEngine
 from tiercache.read_path import ReadPath
 from tiercache.stats import Stats
@@ -127,7 +127,8 @@ def _s3_store(config: TierCacheConfig, options: S3Options) -> S3Store:
         connect_timeout=config.connect_timeout,
         read_timeout=config.read_timeout,
         # Each fetch's streams, prefetches in flight and upload parts hold connections.
-        max_connections=max(16, 2 * fetch_streams(config) + 4 * config.upload_concurrency),
+        max_connections=max(16, 2 * fetch_streams(config) + upload_parts(config)),
         part_size=config.part_size,
         upload_concurrency=config.upload_concurrency,
+        max_parts_in_flight=upload_parts(config),
     )

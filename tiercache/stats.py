@@ -35,6 +35,8 @@ COUNTERS = (
     "uploads_lost",
     "uploads_cancelled",
     "multipart_aborted",
+    "uploads_streamed",
+    "streams_restarted",
     "evictions",
     "bytes_evicted",
     "prefetched",

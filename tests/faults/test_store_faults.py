@@ -371,7 +371,8 @@ def test_write_behind_uploader_retries_until_the_upload_succeeds(
     inject: Callable[[FaultProxy], None],
 ) -> None:
     # 3 faults with 2 attempts per request: the first upload fails, a later one succeeds.
-    fs = faulty_fs(retries=2, part_size=PART, upload_concurrency=2)
+    # (Parts sent while writing would absorb the faults: test_upload_while_writing has those.)
+    fs = faulty_fs(retries=2, part_size=PART, upload_concurrency=2, upload_while_writing=False)
     data = os.urandom(size)
     inject(proxy)
     with fs.open(f"{bucket}/ckpt/rank0.pt", "wb") as f:

@@ -29,6 +29,7 @@ VALID: dict[str, tuple[str, Any]] = {
     "ttl": ("7.5", 7.5),
     "fetch_concurrency": ("3", 3),
     "upload_concurrency": ("3", 3),
+    "upload_while_writing": ("off", False),
     "part_size": ("32MiB", 32 * MiB),
     "range_size": ("4MiB", 4 * MiB),
     "lock_timeout": ("12", 12.0),
@@ -71,6 +72,7 @@ INVALID: dict[str, str] = {
     "ttl": "soon",
     "fetch_concurrency": "three",
     "upload_concurrency": "three",
+    "upload_while_writing": "sometimes",
     "part_size": "1KiB",  # below S3's 5 MiB minimum part
     "range_size": "1KiB",
     "lock_timeout": "forever",

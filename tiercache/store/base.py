@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from tiercache.store.multipart import MultipartUpload
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,22 @@ class ObjectStore(Protocol):
 
     def abort_multipart(self, bucket: str, key: str, upload_id: str) -> None:
         """Abort a multipart upload (its parts stop taking space); a finished one is left."""
+        ...
+
+    @property
+    def part_size(self) -> int:
+        """Bytes per multipart-upload part."""
+        ...
+
+    def start_multipart(
+        self,
+        bucket: str,
+        key: str,
+        metadata: Mapping[str, str] | None = None,
+        on_created: Callable[[str], None] | None = None,
+    ) -> MultipartUpload:
+        """A multipart upload whose parts the caller adds as their bytes become available;
+        created in the store with its first part (``on_created`` gets its id first)."""
         ...
 
     def list_objects(

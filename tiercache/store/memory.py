@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from tiercache.errors import ObjectChangedError, ObjectNotFoundError
 from tiercache.store.base import ListEntry, ObjectInfo
+from tiercache.store.multipart import MultipartUpload, PartGovernor, PartSender
 
 
 @dataclass
@@ -53,6 +54,9 @@ class MemoryStore:
         self._lock = threading.Lock()
         self._buckets: dict[str, dict[str, _Object]] = {b: {} for b in buckets}
         self._counts: Counter[str] = Counter()
+        self._uploads: dict[str, tuple[str, str, dict[str, str], dict[int, bytes]]] = {}
+        self._sender = PartSender(PartGovernor(2))
+        self.part_size = 5 * 1024 * 1024
 
     @property
     def namespace(self) -> str:
@@ -117,6 +121,50 @@ class MemoryStore:
 
     def abort_multipart(self, bucket: str, key: str, upload_id: str) -> None:
         self._count("AbortMultipartUpload")
+        with self._lock:
+            self._uploads.pop(upload_id, None)
+
+    def start_multipart(
+        self,
+        bucket: str,
+        key: str,
+        metadata: Mapping[str, str] | None = None,
+        on_created: Callable[[str], None] | None = None,
+    ) -> MultipartUpload:
+        return MultipartUpload(self, self._sender, bucket, key, metadata, on_created)
+
+    def create_multipart(self, bucket: str, key: str, metadata: Mapping[str, str]) -> str:
+        self._count("CreateMultipartUpload")
+        upload_id = hashlib.md5(f"{bucket}/{key}/{time.time_ns()}".encode()).hexdigest()
+        with self._lock:
+            self._bucket(bucket)
+            self._uploads[upload_id] = (bucket, key, dict(metadata), {})
+        return upload_id
+
+    def send_part(self, bucket: str, key: str, upload_id: str, number: int, data: bytes) -> str:
+        self._count("UploadPart")
+        with self._lock:
+            if upload_id not in self._uploads:
+                raise ObjectNotFoundError(f"no such upload {upload_id}")
+            self._uploads[upload_id][3][number] = bytes(data)
+        return '"' + hashlib.md5(data).hexdigest() + '"'
+
+    def complete_multipart(
+        self, bucket: str, key: str, upload_id: str, etags: list[tuple[int, str]], size: int
+    ) -> ObjectInfo:
+        self._count("CompleteMultipartUpload")
+        with self._lock:
+            upload = self._uploads.pop(upload_id, None)
+        if upload is None:
+            raise ObjectNotFoundError(f"no such upload {upload_id}")
+        parts = upload[3]
+        data = b"".join(parts[number] for number, _ in etags)
+        return self.put_bytes(bucket, key, data, upload[2])
+
+    def open_multipart_uploads(self) -> int:
+        """Multipart uploads created and neither completed nor aborted (for tests)."""
+        with self._lock:
+            return len(self._uploads)
 
     def list_objects(
         self, bucket: str, prefix: str, delimiter: str | None = "/"

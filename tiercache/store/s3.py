@@ -6,7 +6,7 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, TypeVar
 
 import boto3
@@ -18,6 +18,7 @@ from tiercache import forksafe
 from tiercache.errors import AccessDeniedError, StoreError
 from tiercache.store.base import ListEntry, ObjectInfo
 from tiercache.store.endpoint import AWS_NAMESPACE, canonical_endpoint, configured_endpoint
+from tiercache.store.multipart import MultipartUpload, PartGovernor, PartSender
 from tiercache.store.retry import RetryableError, RetryPolicy
 from tiercache.store.s3_errors import translate_client_error, translate_transport_error
 from tiercache.store.s3_options import S3Options
@@ -97,7 +98,8 @@ class S3Store:
         read_timeout: float = 60.0,
         max_connections: int = 32,
         part_size: int = 16 * 1024 * 1024,
-        upload_concurrency: int = 4,
+        upload_concurrency: int | None = None,
+        max_parts_in_flight: int = 16,
     ) -> None:
         self.options = options or S3Options()
         # Resolved once, so requests, messages and the namespace name the same endpoint.
@@ -112,7 +114,7 @@ class S3Store:
         self._read_timeout = read_timeout
         self._max_connections = max_connections
         self._part_size = part_size
-        self._upload_concurrency = upload_concurrency
+        self._sender = PartSender(PartGovernor(upload_concurrency, max_parts_in_flight))
         self._client: Any = None
         self._client_lock = threading.Lock()
         self._counts: Counter[str] = Counter()
@@ -295,58 +297,38 @@ class S3Store:
         if size <= self._part_size:
             with open(path, "rb") as f:
                 return self.put_bytes(bucket, key, f.read(), metadata)
-        return self._multipart_upload(bucket, key, path, size, metadata or {}, on_multipart)
+        upload = self.start_multipart(bucket, key, metadata, on_multipart)
+        try:
+            for number, offset in enumerate(range(0, size, self._part_size), start=1):
+                upload.add_part(number, partial(_read_part, path, offset, self._part_size))
+        except BaseException:
+            upload.abort()
+            raise
+        return upload.complete()
 
-    def _multipart_upload(
+    def start_multipart(
         self,
         bucket: str,
         key: str,
-        path: str,
-        size: int,
-        metadata: Mapping[str, str],
-        on_multipart: Callable[[str], None] | None,
-    ) -> ObjectInfo:
+        metadata: Mapping[str, str] | None = None,
+        on_created: Callable[[str], None] | None = None,
+    ) -> MultipartUpload:
+        return MultipartUpload(self, self._sender, bucket, key, metadata, on_created)
+
+    @property
+    def part_size(self) -> int:
+        return self._part_size
+
+    def create_multipart(self, bucket: str, key: str, metadata: Mapping[str, str]) -> str:
         created = self._call(
             "CreateMultipartUpload",
             bucket,
             key,
             lambda c: c.create_multipart_upload(Bucket=bucket, Key=key, Metadata=dict(metadata)),
         )
-        upload_id = created["UploadId"]
-        if on_multipart is not None:
-            try:
-                on_multipart(upload_id)
-            except BaseException:
-                self.abort_multipart(bucket, key, upload_id)
-                raise
-        offsets = range(0, size, self._part_size)
-        try:
-            with ThreadPoolExecutor(self._upload_concurrency, "tiercache-upload") as pool:
-                parts = list(
-                    pool.map(
-                        lambda n_off: self._upload_part(bucket, key, upload_id, path, *n_off),
-                        enumerate(offsets, start=1),
-                    )
-                )
-            resp = self._call(
-                "CompleteMultipartUpload",
-                bucket,
-                key,
-                lambda c: c.complete_multipart_upload(
-                    Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
-                ),
-            )
-        except BaseException:
-            self.abort_multipart(bucket, key, upload_id)
-            raise
-        return _info(bucket, key, size, resp)
+        return str(created["UploadId"])
 
-    def _upload_part(
-        self, bucket: str, key: str, upload_id: str, path: str, number: int, offset: int
-    ) -> dict[str, Any]:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read(self._part_size)
+    def send_part(self, bucket: str, key: str, upload_id: str, number: int, data: bytes) -> str:
         resp = self._call(
             "UploadPart",
             bucket,
@@ -355,7 +337,21 @@ class S3Store:
                 Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data
             ),
         )
-        return {"PartNumber": number, "ETag": resp["ETag"]}
+        return str(resp["ETag"])
+
+    def complete_multipart(
+        self, bucket: str, key: str, upload_id: str, etags: list[tuple[int, str]], size: int
+    ) -> ObjectInfo:
+        parts = [{"PartNumber": number, "ETag": etag} for number, etag in etags]
+        resp = self._call(
+            "CompleteMultipartUpload",
+            bucket,
+            key,
+            lambda c: c.complete_multipart_upload(
+                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            ),
+        )
+        return _info(bucket, key, size, resp)
 
     def abort_multipart(self, bucket: str, key: str, upload_id: str) -> None:
         try:
@@ -423,6 +419,12 @@ class S3Store:
 
     def delete_bucket(self, bucket: str) -> None:
         self._call("DeleteBucket", bucket, "", lambda c: c.delete_bucket(Bucket=bucket))
+
+
+def _read_part(path: str, offset: int, size: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(size)
 
 
 def _lister(args: dict[str, Any]) -> Callable[[Any], Any]:

@@ -72,6 +72,8 @@ class WriteBehind:
         with self._lock:
             self._written_here[staged.entry_id] = record.generation
         self._stats.add("bytes_written", staged.size)
+        if staged.stream is not None:
+            self._uploader.adopt_stream(record, staged.stream)
         self._uploader.submit(staged.entry_id)
         return {"name": f"{staged.bucket}/{staged.key}", "size": staged.size, "type": "file"}
 

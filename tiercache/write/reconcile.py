@@ -7,8 +7,9 @@ becomes a LOST record that ``pending``, ``status`` and ``flush`` report until di
 ``reconcile`` (``tiercache fsck``, ``tiercache flush``, and once in the background when a
 process starts uploading) also journals dirty entries that have no record, removes what dead
 processes left (staging files, bytes no record names, upload links, claim files, multipart
-uploads) and, with ``scrub``, checks every whole entry against its digest: a corrupt clean
-entry is evicted, a corrupt dirty one reported lost.
+uploads, among them those begun while a dead writer was still writing) and, with ``scrub``,
+checks every whole entry against its digest: a corrupt clean entry is evicted, a corrupt dirty
+one reported lost.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tiercache.store.base import ObjectStore
 from tiercache.tiers.entry import read_meta
 from tiercache.tiers.local import entry_files, remove_file
 from tiercache.write.state import Record, WriteState, adopt_entry
+from tiercache.write.streaming import SIDECAR_SUFFIX, abort_abandoned_upload
 
 log = logging.getLogger("tiercache.write")
 _STAGING_GRACE = 10.0  # seconds: a staged file this young may not be locked by its writer yet
@@ -188,9 +190,19 @@ def _remove_leftovers(
     now = time.time()
     for name in os.listdir(state.tier.staging_dir):
         path = os.path.join(state.tier.staging_dir, name)
-        if _abandoned(path, now):
-            remove_file(path)
-            report.leftovers_removed += 1
+        if not _abandoned(path, now):
+            continue
+        if name.endswith(SIDECAR_SUFFIX):  # an upload begun while a dead writer wrote
+            if store is None:
+                continue
+            try:
+                abort_abandoned_upload(store, path)
+            except (StoreError, OSError) as exc:
+                log.warning("could not abort a dead writer's multipart upload: %s", exc)
+                continue
+            report.multipart_aborted += 1
+        remove_file(path)
+        report.leftovers_removed += 1
     by_entry: dict[str, list[str]] = {}
     for name in os.listdir(state.dir):
         if len(name) > 65 and name[64] == "." and not name.endswith(".json"):

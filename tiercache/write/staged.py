@@ -23,6 +23,7 @@ import xxhash
 from tiercache.digest import xxh3_file
 from tiercache.errors import TierFullError
 from tiercache.tiers.local import LocalTier, remove_file
+from tiercache.write.streaming import PartStreamer
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class StagedObject:
     fd: int
     size: int
     digest: str
+    stream: PartStreamer | None = None  # parts already on their way to the store
 
 
 Committer = Callable[[StagedObject], dict[str, Any]]
@@ -56,6 +58,7 @@ class StagedWriteFile(io.RawIOBase):
         source: str,
         commit: Committer,
         on_close: Callable[[], None] | None = None,
+        stream: Callable[[str], PartStreamer] | None = None,
     ) -> None:
         super().__init__()
         self.path = path
@@ -74,6 +77,7 @@ class StagedWriteFile(io.RawIOBase):
         except OSError as exc:
             raise _tier_full(exc, path, 0, self._staged) from exc
         fcntl.flock(self._fd, fcntl.LOCK_EX)  # a live writer's file (see reconcile)
+        self._stream = stream(self._staged) if stream is not None else None
         self._hasher = xxhash.xxh3_64()
         self._size = 0
         self._fd_exposed = False
@@ -97,6 +101,8 @@ class StagedWriteFile(io.RawIOBase):
         """
         self._checkClosed()
         self._fd_exposed = True
+        if self._stream is not None:
+            self._stream.stop()  # parts sent so far are checked against the file at the end
         return self._fd
 
     def write(self, data: Any) -> int:
@@ -111,6 +117,8 @@ class StagedWriteFile(io.RawIOBase):
             raise _tier_full(exc, self.path, self._size + done, self._staged) from exc
         self._hasher.update(view)
         self._size += done
+        if self._stream is not None:
+            self._stream.wrote(self._size)
         return done
 
     def close(self) -> None:
@@ -127,18 +135,19 @@ class StagedWriteFile(io.RawIOBase):
             size, digest = self._size, self._hasher.hexdigest()
             if self._fd_exposed:
                 size, digest = xxh3_file(self._staged)
-            self.info = self._commit(
-                StagedObject(
-                    self._bucket,
-                    self._key,
-                    self._source,
-                    self._entry_id,
-                    self._staged,
-                    self._fd,
-                    size,
-                    digest,
-                )
+            staged = StagedObject(
+                self._bucket,
+                self._key,
+                self._source,
+                self._entry_id,
+                self._staged,
+                self._fd,
+                size,
+                digest,
+                self._stream,
             )
+            self.info = self._commit(staged)  # the committer owns the stream from here
+            self._stream = None
         finally:
             self._cleanup()
             super().close()
@@ -161,6 +170,9 @@ class StagedWriteFile(io.RawIOBase):
             self.close()
 
     def _cleanup(self) -> None:
+        if self._stream is not None:  # not committed: nothing of this write may land
+            self._stream.abort()
+            self._stream = None
         if self._on_close is not None:
             self._on_close()
         os.close(self._fd)

@@ -16,7 +16,9 @@ import logging
 import posixpath
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from tiercache import forksafe
 from tiercache.checkpoints import CheckpointRegistry
@@ -36,6 +38,7 @@ from tiercache.store.retry import RetryPolicy
 from tiercache.tiers.local import remove_file
 from tiercache.write.reconcile import reconcile
 from tiercache.write.state import Record, WriteState
+from tiercache.write.streaming import BytesChangedError, PartStreamer
 
 log = logging.getLogger("tiercache.uploader")
 
@@ -98,9 +101,11 @@ class Uploader:
         self._writers = 0
         self._last_write = 0.0
         self._started = False
+        # Uploads begun while their file was written, by entry id: (generation, streamer).
+        self._streams: dict[str, tuple[int, PartStreamer]] = {}
 
     def after_fork(self) -> None:
-        self._reset()  # the parent's threads do not exist here
+        self._reset()  # the parent's threads (and its streamed uploads) do not exist here
 
     # -- the API -------------------------------------------------------------------------
 
@@ -122,6 +127,48 @@ class Uploader:
             threading.Thread(target=self._work, name=f"tiercache-upload-{i}", daemon=True).start()
         threading.Thread(target=self._scan, name="tiercache-upload-scan", daemon=True).start()
 
+    def streamer(self, bucket: str, key: str) -> Callable[[str], PartStreamer]:
+        """What a new staged file of ``bucket/key`` sends its parts with while written."""
+        return partial(PartStreamer, self._store, bucket, key, file_mode=self._state.tier.file_mode)
+
+    def adopt_stream(self, record: Record, stream: PartStreamer) -> None:
+        """``record``'s parts are on their way: its upload finishes that upload."""
+        if not stream.streamed_parts:
+            stream.close()  # smaller than a part: uploaded whole, like any other
+            return
+        with self._cond:
+            old = self._streams.get(record.entry_id)
+            self._streams[record.entry_id] = (record.generation, stream)
+        if old is not None:
+            old[1].abort()  # an older generation's upload, superseded before it finished
+
+    def _take_stream(self, record: Record) -> PartStreamer | None:
+        """The streamed upload of exactly ``record``'s generation; older ones are aborted."""
+        with self._cond:
+            held = self._streams.get(record.entry_id)
+            if held is None or held[0] > record.generation:
+                return None  # a newer generation's upload stays for its own turn
+            del self._streams[record.entry_id]
+        if held[0] == record.generation:
+            return held[1]
+        held[1].abort()
+        return None
+
+    def _drop_streams_without_record(self) -> None:
+        """Abort streamed uploads whose record is gone or moved on (uploaded by another
+        process, removed, discarded, superseded)."""
+        with self._cond:
+            held = list(self._streams.items())
+        for entry_id, (generation, stream) in held:
+            record = self._state.get(entry_id)
+            if record is not None and record.generation == generation and record.state == "dirty":
+                continue
+            with self._cond:
+                if self._streams.get(entry_id) != (generation, stream):
+                    continue
+                del self._streams[entry_id]
+            stream.abort()
+
     def writer_opened(self) -> None:
         """A file is being written behind in this process (uploads hold back meanwhile)."""
         with self._cond:
@@ -138,6 +185,8 @@ class Uploader:
 
         A flush cuts the wait short: it asked for these uploads now.
         """
+        if entry_id in self._streams:
+            return  # its parts went while it was written: only the tail is left
         give_up = time.monotonic() + _DEFER_WHILE_WRITING
         while (now := time.monotonic()) < give_up:
             if entry_id in self._forced or any(e in self._forced for e in self._queue):
@@ -182,6 +231,7 @@ class Uploader:
                 records = self._ours(self._state.records())
             except FileNotFoundError:
                 return  # the cache directory was removed: nothing left to upload here
+            self._drop_streams_without_record()
             for record in records:
                 if record.state != "dirty":
                     continue
@@ -243,6 +293,7 @@ class Uploader:
             self._abort_dead_multipart(entry_id)
             record = self._state.get(entry_id)
             if record is None or record.state != "dirty" or not self._ours([record]):
+                self._drop_streams_without_record()
                 return True
             if self._past_deadline(record):
                 self._give_up(entry_id)
@@ -326,9 +377,16 @@ class Uploader:
     def _upload_generation(self, record: Record) -> ObjectInfo:
         """Upload exactly the recorded generation's bytes (hold the claim)."""
         link = self._state.upload_copy(record)
+        stream = self._take_stream(record)
         if link is None:
+            if stream is not None:
+                stream.abort()
             raise _BytesLostError("the bytes of this version are no longer in the tier")
         try:
+            if stream is not None:
+                streamed = self._finish_stream(stream, record, link)
+                if streamed is not None:
+                    return streamed
             if xxh3_file(link) != (record.size, record.digest):
                 raise _BytesLostError("its bytes in the tier no longer match their digest")
             info = self._store.upload_file(
@@ -344,6 +402,15 @@ class Uploader:
             return info
         finally:
             remove_file(link)
+
+    def _finish_stream(self, stream: PartStreamer, record: Record, link: str) -> ObjectInfo | None:
+        """Complete the upload begun while the file was written; None: upload it whole."""
+        try:
+            info = stream.finish(link, record.size, record.digest)
+        except BytesChangedError as exc:
+            raise _BytesLostError(str(exc)) from exc
+        self._stats.add("uploads_streamed" if info is not None else "streams_restarted")
+        return info
 
     def _landed(self, record: Record, info: ObjectInfo) -> None:
         if not self._state.uploaded(record, info):

@@ -1,0 +1,244 @@
+"""Multipart uploads: parts sent as their bytes arrive, as many at once as the link pays for.
+
+A ``MultipartUpload`` takes parts one by one (``add_part``) while its caller still produces
+them: a file is uploaded while it is being written, or read part by part from disk. Every
+upload of a store shares one ``PartSender``, whose ``PartGovernor`` learns how many parts to
+keep in flight from the rate each part got: a remote store gives one connection a small
+share of the link, so parts are added while each still gets most of the best rate seen; a
+store that takes one part fast (a loopback or same-rack server) gets two at a time, enough
+to hide the request latency without spending the CPU more would cost.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from tiercache import forksafe
+from tiercache.store.base import ObjectInfo
+
+_MEASURED = 1024 * 1024  # parts smaller than this (a file's tail) say little about the link
+
+
+class _AbortedError(Exception):
+    """The upload was aborted before this part could create it."""
+
+
+class PartRequests(Protocol):
+    """The four multipart requests of a store."""
+
+    def create_multipart(self, bucket: str, key: str, metadata: Mapping[str, str]) -> str:
+        """Start a multipart upload; return its upload id."""
+        ...
+
+    def send_part(self, bucket: str, key: str, upload_id: str, number: int, data: bytes) -> str:
+        """Upload one part; return its ETag."""
+        ...
+
+    def complete_multipart(
+        self, bucket: str, key: str, upload_id: str, etags: list[tuple[int, str]], size: int
+    ) -> ObjectInfo:
+        """Make the parts, in number order, the object."""
+        ...
+
+    def abort_multipart(self, bucket: str, key: str, upload_id: str) -> None:
+        """Abort the upload (its parts stop taking space)."""
+        ...
+
+
+class PartGovernor:
+    """How many parts one process sends at once: fixed, or learned from the rate of each."""
+
+    FAST = 256 * 1024 * 1024  # bytes/s of one part that the link does not hold back
+    START = 4
+    GROW = 0.75  # another part is worth it while a part still gets this share of the best rate
+    SHRINK = 0.5  # below this share, parts compete for the link: one fewer
+
+    def __init__(self, fixed: int | None, maximum: int = 16) -> None:
+        self.fixed = fixed
+        self.maximum = maximum
+        self._lock = threading.Lock()
+        self._limit = fixed or min(self.START, maximum)
+        self._best = 0.0
+
+    def limit(self) -> int:
+        with self._lock:
+            return self._limit
+
+    def observed(self, nbytes: int, seconds: float) -> None:
+        """One part of ``nbytes`` took ``seconds`` on the wire."""
+        if self.fixed is not None or nbytes < _MEASURED:
+            return
+        rate = nbytes / max(seconds, 1e-6)
+        with self._lock:
+            self._best = max(self._best, rate)
+            if self._best >= self.FAST:
+                self._limit = min(2, self.maximum)
+            elif rate >= self.GROW * self._best:
+                self._limit = min(self.maximum, self._limit + 1)
+            elif rate < self.SHRINK * self._best:
+                self._limit = max(2, self._limit - 1)
+
+
+class PartSender:
+    """Threads that send the parts of every multipart upload of one store, governed."""
+
+    def __init__(self, governor: PartGovernor) -> None:
+        self.governor = governor
+        self._reset()
+        forksafe.register(self)
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition()
+        self._queue: collections.deque[Callable[[], None]] = collections.deque()
+        self._in_flight = 0
+        self._threads = 0
+
+    def after_fork(self) -> None:
+        self._reset()  # the parent's threads do not exist here
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._cond:
+            self._queue.append(job)
+            if self._threads < self.governor.maximum and self._threads <= self._in_flight:
+                self._threads += 1
+                threading.Thread(target=self._work, name="tiercache-part", daemon=True).start()
+            self._cond.notify_all()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(
+                    lambda: bool(self._queue) and self._in_flight < self.governor.limit()
+                )
+                job = self._queue.popleft()
+                self._in_flight += 1
+            try:
+                job()
+            finally:
+                with self._cond:
+                    self._in_flight -= 1
+                    self._cond.notify_all()
+
+
+class MultipartUpload:
+    """One multipart upload whose parts arrive over time; created with its first part.
+
+    ``on_created`` gets the upload id before any part is sent, so the caller can journal it
+    and abort the upload if this process dies. A part that fails fails the whole upload:
+    ``complete`` raises its error (after aborting) and later parts are not sent.
+    """
+
+    def __init__(
+        self,
+        requests: PartRequests,
+        sender: PartSender,
+        bucket: str,
+        key: str,
+        metadata: Mapping[str, str] | None = None,
+        on_created: Callable[[str], None] | None = None,
+    ) -> None:
+        self.bucket = bucket
+        self.key = key
+        self._requests = requests
+        self._sender = sender
+        self._metadata = dict(metadata or {})
+        self._on_created = on_created
+        self._lock = threading.Condition()
+        self._create_lock = threading.Lock()
+        self.upload_id: str | None = None
+        self._etags: dict[int, str] = {}
+        self._sizes: dict[int, int] = {}
+        self._pending = 0  # parts added and not finished
+        self._sending = 0  # parts on the wire
+        self._aborted = False
+        self.error: BaseException | None = None
+
+    def add_part(self, number: int, read: Callable[[], bytes]) -> None:
+        """Send part ``number`` (from 1) with the bytes ``read()`` returns when its turn comes."""
+        with self._lock:
+            if self.error is not None or self._aborted:
+                return
+            self._pending += 1
+        self._sender.submit(lambda: self._send(number, read))
+
+    def _send(self, number: int, read: Callable[[], bytes]) -> None:
+        try:
+            with self._lock:
+                if self.error is not None or self._aborted:
+                    return
+                self._sending += 1
+            try:
+                upload_id = self._created()
+                data = read()
+                start = time.perf_counter()
+                etag = self._requests.send_part(self.bucket, self.key, upload_id, number, data)
+                self._sender.governor.observed(len(data), time.perf_counter() - start)
+            finally:
+                with self._lock:
+                    self._sending -= 1
+            with self._lock:
+                self._etags[number] = etag
+                self._sizes[number] = len(data)
+        except BaseException as exc:
+            with self._lock:
+                if self.error is None:
+                    self.error = exc
+        finally:
+            with self._lock:
+                self._pending -= 1
+                self._lock.notify_all()
+
+    def _created(self) -> str:
+        with self._create_lock:
+            if self._aborted:
+                raise _AbortedError(f"multipart upload of {self.bucket}/{self.key} was aborted")
+            if self.upload_id is None:
+                upload_id = self._requests.create_multipart(self.bucket, self.key, self._metadata)
+                if self._on_created is not None:
+                    try:
+                        self._on_created(upload_id)
+                    except BaseException:
+                        self._requests.abort_multipart(self.bucket, self.key, upload_id)
+                        raise
+                self.upload_id = upload_id
+            return self.upload_id
+
+    def wait(self) -> None:
+        """Until every part added so far is sent; raise the first part's error."""
+        with self._lock:
+            self._lock.wait_for(lambda: self._pending == 0)
+            if self.error is not None:
+                raise self.error
+
+    def sent(self) -> dict[int, int]:
+        """Sizes of the parts sent so far, by number."""
+        with self._lock:
+            return dict(self._sizes)
+
+    def complete(self) -> ObjectInfo:
+        """Wait for the parts, then make them the object; on any failure abort the upload."""
+        try:
+            self.wait()
+            upload_id = self._created()
+            with self._lock:
+                etags = sorted(self._etags.items())
+                size = sum(self._sizes.values())
+            return self._requests.complete_multipart(self.bucket, self.key, upload_id, etags, size)
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        """Stop sending and abort the upload in the store, if it was created (parts still
+        queued are dropped; parts on the wire are waited for, so none lands after the abort)."""
+        with self._lock:
+            self._aborted = True
+            self._lock.wait_for(lambda: self._sending == 0)
+        with self._create_lock:  # a part about to create the upload sees _aborted first
+            upload_id = self.upload_id
+        if upload_id is not None:
+            self._requests.abort_multipart(self.bucket, self.key, upload_id)
