@@ -21,6 +21,7 @@ from typing import Any
 
 import common
 import fsspec
+import plot
 import xxhash
 from boto3.s3.transfer import TransferConfig
 from common import REPO, Endpoint, MiB, VerifyError
@@ -36,8 +37,10 @@ MODES = (
     "fsspec_s3",
     "boto3_upload_fileobj",
     "boto3_upload_fileobj_parallel",
+    "boto3_upload_fileobj_c32",
 )
-BOTO3_MODES = ("boto3_upload_fileobj", "boto3_upload_fileobj_parallel")
+BOTO3_MODES = tuple(m for m in MODES if m.startswith("boto3"))
+HIGH_CONCURRENCY = 32  # boto3_upload_fileobj_c32: parts in flight per file
 
 NOTES = (
     "A checkpoint = --files files of random bytes (generated once, kept in memory), each written "
@@ -52,8 +55,13 @@ NOTES = (
     "write_s = seconds inside write() calls (tiercache hashes with xxh3 there); close_s = seconds "
     "inside close() (local_write_fsync: fsync + close of each file).",
     "boto3_upload_fileobj = client.upload_fileobj(io.BytesIO(data)) per file, default "
-    "TransferConfig; _parallel uploads all files at once, one thread each. The durable target "
-    "uses the faster of the two as its baseline.",
+    "TransferConfig (8 MiB parts, 10 in flight); _parallel uploads all files at once, one "
+    "thread each; _c32 also uploads all files at once, each with TransferConfig("
+    "max_concurrency=32) through a client with a pool of 32 connections per file (the "
+    "best-configured plain client). The durable target's baseline is the fastest boto3 mode.",
+    "--store-profile runs every S3 mode through scripts/remote_store.py (the profile's numbers "
+    "in params.store_profile; proxy_cpu_s = its CPU over the timed section); the untimed "
+    "warm-up, the read-back verification and cleanup go straight to the server.",
     "boto3 baseline clients use request/response_checksum_calculation/validation="
     "'when_required', as tiercache's own client does, so neither side computes CRCs; "
     "fsspec_s3 (s3fs) runs with its defaults.",
@@ -93,6 +101,7 @@ class Sample:
     timing: Timing
     cpu_s: float
     srv_cpu_s: float
+    proxy_cpu_s: float
 
 
 @dataclass
@@ -100,8 +109,9 @@ class Context:
     """Everything a timed pass needs."""
 
     args: argparse.Namespace
-    endpoint: Endpoint
-    client: Any
+    endpoint: Endpoint  # the store as the profile emulates it: every timed request goes here
+    client: Any  # straight to the server: warm-up, verification and cleanup (untimed)
+    store_client: Any  # through ``endpoint``: the boto3 modes
     bucket: str
     files: list[CheckpointFile]
     tmp: Path
@@ -127,6 +137,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--files", type=int, default=4, help="files per checkpoint (default 4)")
     p.add_argument("--total-mib", type=float, default=1024, help="checkpoint MiB (default 1024)")
     common.add_run_args(p, DEFAULT_JSON)
+    common.add_store_profile_arg(p)
     p.add_argument("--quick", action="store_true", help="4 files, 64 MiB in all: a smoke run")
     args = p.parse_args(argv)
     if args.quick:
@@ -161,16 +172,20 @@ def warm_up(ctx: Context) -> None:
 
 
 def delete_prefix(ctx: Context, prefix: str) -> None:
-    pages = ctx.client.get_paginator("list_objects_v2").paginate(Bucket=ctx.bucket, Prefix=prefix)
+    delete_keys(ctx.client, ctx.bucket, prefix)
+
+
+def delete_keys(client: Any, bucket: str, prefix: str) -> None:
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
     for page in pages:
         keys = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
         if keys:
-            ctx.client.delete_objects(Bucket=ctx.bucket, Delete={"Objects": keys})
+            client.delete_objects(Bucket=bucket, Delete={"Objects": keys})
 
 
-def delete_bucket(ctx: Context) -> None:
-    delete_prefix(ctx, "")
-    ctx.client.delete_bucket(Bucket=ctx.bucket)
+def delete_bucket(client: Any, bucket: str) -> None:
+    delete_keys(client, bucket, "")
+    client.delete_bucket(Bucket=bucket)
 
 
 # -- verification ------------------------------------------------------------------------------
@@ -215,10 +230,16 @@ def verify_local(mode: str, files: list[CheckpointFile], out_dir: Path) -> None:
 def measure(ctx: Context, mode: str, run: Callable[[], Timing]) -> Timing:
     """Run one timed checkpoint write after an untimed os.sync(); record it with its CPU time."""
     os.sync()
-    pid = ctx.endpoint.server_pid
+    pid, proxy_pid = ctx.endpoint.server_pid, ctx.endpoint.proxy_pid
     cpu0, srv0 = time.process_time(), common.server_cpu_seconds(pid)
+    proxy0 = common.server_cpu_seconds(proxy_pid)
     timing = run()
-    sample = Sample(timing, time.process_time() - cpu0, common.server_cpu_seconds(pid) - srv0)
+    sample = Sample(
+        timing,
+        time.process_time() - cpu0,
+        common.server_cpu_seconds(pid) - srv0,
+        common.server_cpu_seconds(proxy_pid) - proxy0,
+    )
     ctx.samples.setdefault(mode, []).append(sample)
     return timing
 
@@ -340,13 +361,13 @@ def run_fsspec_s3(ctx: Context, mode: str, s3: Any) -> None:
         delete_prefix(ctx, prefix)
 
 
-def run_boto3(ctx: Context, mode: str, parallel: bool) -> None:
-    """upload_fileobj of each file (default TransferConfig): one after another, or all at once."""
+def run_boto3(ctx: Context, mode: str, parallel: bool, client: Any, config: TransferConfig) -> None:
+    """upload_fileobj of each file through ``client``: one after another, or all at once."""
     prefix = ctx.fresh_prefix(mode)
 
     def upload(f: CheckpointFile) -> None:
         key = f"{prefix}/{f.name}"
-        ctx.client.upload_fileobj(io.BytesIO(f.data), ctx.bucket, key, Config=TransferConfig())
+        client.upload_fileobj(io.BytesIO(f.data), ctx.bucket, key, Config=config)
 
     def run() -> Timing:
         start = time.perf_counter()
@@ -366,14 +387,17 @@ def run_boto3(ctx: Context, mode: str, parallel: bool) -> None:
         delete_prefix(ctx, prefix)
 
 
-def run_repeat(ctx: Context, s3: Any) -> None:
+def run_repeat(ctx: Context, s3: Any, c32_client: Any) -> None:
     run_local(ctx, "local_write_nofsync", fsync=False)
     run_local(ctx, "local_write_fsync", fsync=True)
     run_tiercache(ctx, "tiercache", "behind")
     run_tiercache(ctx, "tiercache_through", "through")
     run_fsspec_s3(ctx, "fsspec_s3", s3)
-    run_boto3(ctx, "boto3_upload_fileobj", parallel=False)
-    run_boto3(ctx, "boto3_upload_fileobj_parallel", parallel=True)
+    default = TransferConfig()
+    run_boto3(ctx, "boto3_upload_fileobj", False, ctx.store_client, default)
+    run_boto3(ctx, "boto3_upload_fileobj_parallel", True, ctx.store_client, default)
+    high = TransferConfig(max_concurrency=HIGH_CONCURRENCY)
+    run_boto3(ctx, "boto3_upload_fileobj_c32", True, c32_client, high)
 
 
 # -- results -----------------------------------------------------------------------------------
@@ -393,7 +417,11 @@ def rounded(value: Any) -> Any:
 
 
 def sample_dict(sample: Sample) -> dict[str, Any]:
-    raw = asdict(sample.timing) | {"cpu_s": sample.cpu_s, "srv_cpu_s": sample.srv_cpu_s}
+    raw = asdict(sample.timing) | {
+        "cpu_s": sample.cpu_s,
+        "srv_cpu_s": sample.srv_cpu_s,
+        "proxy_cpu_s": sample.proxy_cpu_s,
+    }
     return {name: rounded(value) for name, value in raw.items()}
 
 
@@ -414,6 +442,9 @@ def summarize(ctx: Context) -> dict[str, dict[str, Any]]:
             "srv_cpu_s": median_of([s.srv_cpu_s for s in samples])
             if ctx.endpoint.started_here
             else None,
+            "proxy_cpu_s": median_of([s.proxy_cpu_s for s in samples])
+            if ctx.endpoint.proxy_pid is not None
+            else None,
             "samples": [sample_dict(s) for s in samples],
         }
     return modes
@@ -421,7 +452,7 @@ def summarize(ctx: Context) -> dict[str, dict[str, Any]]:
 
 @dataclass(frozen=True)
 class Ratio:
-    """``numerator``'s ``column`` over the durable_s of the fastest of ``baselines``."""
+    """``numerator``'s ``column`` over the same column of the fastest of ``baselines``."""
 
     name: str
     numerator: str
@@ -435,13 +466,7 @@ RATIOS = (
         "tiercache block / local_write_fsync", "tiercache", "block_s", ("local_write_fsync",), 1.2
     ),
     Ratio("tiercache durable / fastest boto3", "tiercache", "durable_s", BOTO3_MODES, 1.2),
-    Ratio("tiercache durable / boto3_upload_fileobj", "tiercache", "durable_s", BOTO3_MODES[:1]),
-    Ratio(
-        "tiercache durable / boto3_upload_fileobj_parallel",
-        "tiercache",
-        "durable_s",
-        BOTO3_MODES[1:],
-    ),
+    *(Ratio(f"tiercache durable / {m}", "tiercache", "durable_s", (m,)) for m in BOTO3_MODES),
     Ratio("tiercache durable / fsspec_s3", "tiercache", "durable_s", ("fsspec_s3",)),
     Ratio("tiercache block / fsspec_s3", "tiercache", "block_s", ("fsspec_s3",)),
     Ratio("tiercache_through / fastest boto3", "tiercache_through", "durable_s", BOTO3_MODES),
@@ -458,8 +483,8 @@ def ratios(modes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Time ratios (lower is better); the baseline is the fastest of the ratio's baselines."""
     rows = []
     for ratio in RATIOS:
-        baseline = min(ratio.baselines, key=lambda m: modes[m]["durable_s"])
-        value = modes[ratio.numerator][ratio.column] / modes[baseline]["durable_s"]
+        baseline = min(ratio.baselines, key=lambda m: modes[m][ratio.column])
+        value = modes[ratio.numerator][ratio.column] / modes[baseline][ratio.column]
         row: dict[str, Any] = {"name": ratio.name, "value": round(value, 3)}
         row |= {"target": ratio.target, "baseline": baseline}
         if ratio.target is not None:
@@ -486,17 +511,19 @@ def print_report(result: dict[str, Any]) -> None:
     params = result["params"]
     print(
         f"\ntiercache checkpoint benchmark: {params['files']} files, {params['total_mib']:g} MiB "
-        f"in all, 8 MiB writes, median of {params['repeat']} repeat(s)\n"
+        f"in all, 8 MiB writes, median of {params['repeat']} repeat(s)"
     )
+    print(common.describe_profile(params["store_profile"]) + "\n")
     head = (
         f"{'mode':<30} {'block_s':>8} {'durable_s':>9} {'MiB/s':>7} {'write_s':>7} {'close_s':>7}"
     )
-    print(f"{head} {'cpu_s':>6} {'srv_cpu_s':>9}")
+    print(f"{head} {'cpu_s':>6} {'srv_cpu_s':>9} {'proxy_cpu_s':>11}")
     for mode, row in result["modes"].items():
         print(
             f"{mode:<30} {fmt(row['block_s'], 8)} {fmt(row['durable_s'], 9)} "
             f"{row['durable_mib_s']:>7.1f} {fmt(row['write_s'], 7)} {fmt(row['close_s'], 7)} "
-            f"{fmt(row['cpu_s'], 6, 2)} {fmt(row['srv_cpu_s'], 9, 2)}"
+            f"{fmt(row['cpu_s'], 6, 2)} {fmt(row['srv_cpu_s'], 9, 2)} "
+            f"{fmt(row.get('proxy_cpu_s'), 11, 2)}"
         )
     print(f"\n{'ratio (seconds / seconds)':<52} {'value':>6} {'target':>7}  result  baseline")
     for row in result["ratios"]:
@@ -514,33 +541,44 @@ def print_report(result: dict[str, Any]) -> None:
 
 def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[str, Any]:
     files = make_files(args)
-    client = common.make_client(endpoint, pool=max(16, 10 * args.files))
+    pool = max(16, 10 * args.files)
+    direct = common.make_client(endpoint, pool=pool)
     bucket = f"tiercache-ckpt-{uuid.uuid4().hex[:12]}"
-    client.create_bucket(Bucket=bucket)
-    ctx = Context(args, endpoint, client, bucket, files, tmp)
+    direct.create_bucket(Bucket=bucket)
     try:
-        warm_up(ctx)
-        s3 = fsspec.filesystem("s3", **endpoint.s3fs_options())
-        s3.ls(bucket)  # instantiate and connect s3fs outside the timer
-        for _ in range(args.repeat):
-            run_repeat(ctx, s3)
-        modes = summarize(ctx)
-        return {
-            "params": {
-                "files": args.files,
-                "total_mib": args.total_mib,
-                "chunk_mib": CHUNK // MiB,
-                "repeat": args.repeat,
-                "statistic": "median",
-            },
-            "machine": common.machine_info(endpoint),
-            "modes": modes,
-            "ratios": ratios(modes),
-            **ctx.extras,
-            "notes": [machine_note(endpoint), *NOTES],
-        }
+        with common.remote_store(endpoint, args.store_profile) as (store, profile):
+            store_client = common.make_client(store, pool=pool)
+            ctx = Context(args, store, direct, store_client, bucket, files, tmp)
+            return benchmark_through(ctx, profile)
     finally:
-        delete_bucket(ctx)
+        delete_bucket(direct, bucket)
+
+
+def benchmark_through(ctx: Context, profile: dict[str, Any]) -> dict[str, Any]:
+    """Every mode, its timed requests through ctx.endpoint (the store the profile emulates)."""
+    args = ctx.args
+    warm_up(ctx)
+    s3 = fsspec.filesystem("s3", **ctx.endpoint.s3fs_options())
+    s3.ls(ctx.bucket)  # instantiate and connect s3fs outside the timer
+    c32 = common.make_client(ctx.endpoint, pool=HIGH_CONCURRENCY * len(ctx.files))
+    for _ in range(args.repeat):
+        run_repeat(ctx, s3, c32)
+    modes = summarize(ctx)
+    return {
+        "params": {
+            "files": args.files,
+            "total_mib": args.total_mib,
+            "chunk_mib": CHUNK // MiB,
+            "repeat": args.repeat,
+            "statistic": "median",
+            "store_profile": profile,
+        },
+        "machine": common.machine_info(ctx.endpoint),
+        "modes": modes,
+        "ratios": ratios(modes),
+        **ctx.extras,
+        "notes": [machine_note(ctx.endpoint), *NOTES],
+    }
 
 
 def silence_removed_tier_scans(tmp: Path) -> None:
@@ -569,7 +607,12 @@ def silence_removed_tier_scans(tmp: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     return common.run_main(
-        args, "tiercache-ckpt-bench-", benchmark, print_report, silence_removed_tier_scans
+        args,
+        "tiercache-ckpt-bench-",
+        benchmark,
+        print_report,
+        silence_removed_tier_scans,
+        chart=plot.checkpoint_chart,
     )
 
 

@@ -69,9 +69,15 @@ class Endpoint:
 
 
 def add_run_args(p: argparse.ArgumentParser, default_json: Path) -> None:
-    """The --repeat, --json and --endpoint options every benchmark takes."""
+    """The --repeat, --json, --plot and --endpoint options every benchmark takes."""
     p.add_argument("--repeat", type=int, default=1, help="samples per mode; median is reported")
     p.add_argument("--json", type=Path, default=default_json, help="where to write the results")
+    p.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE.png",
+        help="also draw the results as a chart into this file (needs matplotlib: the 'plot' extra)",
+    )
     p.add_argument("--endpoint", help="use this S3 server (credentials from AWS_* env vars)")
 
 
@@ -112,6 +118,25 @@ def add_store_profile_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def store_profile(name: str) -> dict[str, Any]:
+    """The numbers of the named remote-store profile (latency_s, conn_bps, total_bps, ...)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import remote_store as rs
+
+    return dataclasses.asdict(rs.resolve_profile(name))
+
+
+def describe_profile(profile: dict[str, Any]) -> str:
+    """One line: the profile's name and what it emulates."""
+    if not any(profile[k] for k in ("latency_s", "conn_bps", "total_bps", "error_rate")):
+        return f"store profile {profile['name']}: straight to the server, nothing emulated"
+    return (
+        f"store profile {profile['name']}: {profile['latency_s'] * 1000:g} ms per request, "
+        f"{profile['conn_bps'] / MiB:g} MiB/s per connection, {profile['total_bps'] / MiB:g} "
+        f"MiB/s in all (0 = unlimited), error rate {profile['error_rate']:g}"
+    )
+
+
 @contextlib.contextmanager
 def remote_store(endpoint: Endpoint, profile: str) -> Iterator[tuple[Endpoint, dict[str, Any]]]:
     """The endpoint as seen through the emulator (its own process), and the profile's numbers.
@@ -121,7 +146,7 @@ def remote_store(endpoint: Endpoint, profile: str) -> Iterator[tuple[Endpoint, d
     sys.path.insert(0, str(REPO / "scripts"))
     import remote_store as rs
 
-    params = dataclasses.asdict(rs.resolve_profile(profile))
+    params = store_profile(profile)
     with rs.spawn(endpoint.url, profile) as spawned:
         params["url"] = spawned.url
         yield dataclasses.replace(endpoint, url=spawned.url, proxy_pid=spawned.pid), params
@@ -269,12 +294,27 @@ def run_main(
     benchmark: Callable[[argparse.Namespace, Endpoint, Path], Result],
     print_report: Callable[[Result], None],
     prepare: Callable[[Path], None] | None = None,
+    chart: Callable[[Result, Path], None] | None = None,
 ) -> int:
     """Run ``benchmark`` in a fresh temp dir against the S3 endpoint; report and write JSON.
 
-    ``prepare`` runs on the temp dir before the server starts. Returns the exit status:
-    1 (after printing the failure) when a mode fails verification, else 0.
+    ``prepare`` runs on the temp dir before the server starts; ``chart`` draws the result into
+    ``args.plot`` when that is given (matplotlib is checked for before the run, not after it).
+    Returns the exit status: 1 (after printing the failure) when a mode fails verification,
+    2 when --plot cannot be honoured, else 0.
     """
+    plot_path: Path | None = getattr(args, "plot", None)
+    if plot_path is not None:
+        import plot
+
+        try:
+            plot.require_matplotlib()
+        except plot.PlotUnavailableError as exc:
+            print(f"--plot: {exc}", file=sys.stderr)
+            return 2
+        if chart is None:
+            print("--plot: this benchmark has no chart", file=sys.stderr)
+            return 2
     tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix))
     if prepare is not None:
         prepare(tmp)
@@ -288,4 +328,8 @@ def run_main(
         shutil.rmtree(tmp, ignore_errors=True)
     print_report(result)
     write_json(args.json, result)
+    if plot_path is not None and chart is not None:
+        plot_path.parent.mkdir(parents=True, exist_ok=True)
+        chart(result, plot_path)
+        print(f"chart written to {plot_path}")
     return 0

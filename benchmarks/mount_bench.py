@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import statistics
@@ -17,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import common
+import plot
+from boto3.s3.transfer import TransferConfig
 from common import REPO, Endpoint, MiB, VerifyError
-from read_bench import Shard, build_dataset, drain
+from read_bench import Dataset, Shard, build_dataset, delete_dataset, drain
 
 from tiercache import TierCacheFileSystem
 
@@ -28,6 +31,9 @@ NOTES = (
     "Every object is read sequentially in --chunk-mib reads; the timer covers open + reads + "
     "close of each object; every byte is checked (xxh3_128) after the timer stops.",
     "local_raw reads page-cache-warm local copies: the ceiling for any warm read.",
+    "boto3_download_c32: the best-configured plain client for a cold read, download_fileobj "
+    "into memory with TransferConfig(max_concurrency=32, multipart_chunksize=8 MiB) and a "
+    "32-connection pool.",
     "fsspec_cold/fsspec_warm: TierCacheFileSystem.open() on a fresh tier, then a second pass.",
     "mount_cold: a fresh tier behind a fresh mount, every byte fetched from the store.",
     "mount_warm: the objects are in the local tier but the mount is new, so the kernel has no "
@@ -37,6 +43,10 @@ NOTES = (
     "Mounts are made with the command line (`tiercache mount ... --read-only --consistency "
     "immutable`) in the background, as a user would, and unmounted after each pass.",
     "Reported value per mode = median seconds over --repeat samples.",
+    "--store-profile runs every mode that reads the store (boto3, fsspec and the mount "
+    "process) through scripts/remote_store.py, the profile's numbers in params.store_profile; "
+    "the upload, an untimed warm-up read of every object and cleanup go straight to the "
+    "server.",
 )
 
 RATIOS: tuple[common.RatioSpec, ...] = (
@@ -49,7 +59,10 @@ RATIOS: tuple[common.RatioSpec, ...] = (
     ("mount_warm_pagecache / local_raw", "mount_warm_pagecache", ("local_raw",), 0.7),
     ("mount_warm / fsspec_warm", "mount_warm", ("fsspec_warm",), None),
     ("mount_cold / fsspec_cold", "mount_cold", ("fsspec_cold",), None),
+    ("mount_cold / boto3_download_c32", "mount_cold", ("boto3_download_c32",), None),
+    ("fsspec_cold / boto3_download_c32", "fsspec_cold", ("boto3_download_c32",), None),
 )
+TUNED = TransferConfig(max_concurrency=32, multipart_chunksize=8 * MiB)
 
 
 @dataclass
@@ -90,6 +103,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--shard-mib", type=float, default=64, help="object size in MiB (default 64)")
     p.add_argument("--chunk-mib", type=float, default=8, help="read size in MiB (default 8)")
     common.add_run_args(p, DEFAULT_JSON)
+    common.add_store_profile_arg(p)
     p.add_argument("--quick", action="store_true", help="4 objects x 16 MiB smoke run")
     args = p.parse_args(argv)
     if args.quick:
@@ -106,6 +120,17 @@ def file_reader(ctx: Context, root: Path | None) -> Reader:
         path = shard.path if root is None else str(root / shard.key.removeprefix("shards/"))
         with open(path, "rb", buffering=0) as f:
             return drain(f, ctx.chunk)
+
+    return read
+
+
+def download_reader(ctx: Context, client: Any) -> Reader:
+    """boto3 download_fileobj into memory, 32 parts in flight."""
+
+    def read(shard: Shard) -> list[Any]:
+        buf = io.BytesIO()
+        client.download_fileobj(ctx.bucket, shard.key, buf, Config=TUNED)
+        return [buf.getbuffer()]
 
     return read
 
@@ -164,6 +189,8 @@ def mounted(ctx: Context, local_dir: Path) -> Iterator[Path]:
 
 def run_repeat(ctx: Context) -> None:
     timed_pass(ctx, "local_raw", file_reader(ctx, None))
+    client = common.make_client(ctx.endpoint, pool=32)
+    timed_pass(ctx, "boto3_download_c32", download_reader(ctx, client))
 
     fs_dir = Path(tempfile.mkdtemp(prefix="fsspec-", dir=ctx.tmp))
     fs = TierCacheFileSystem(
@@ -203,8 +230,9 @@ def print_report(result: dict[str, Any]) -> None:
     params = result["params"]
     print(
         f"\ntiercache mount benchmark: {params['shards']} objects x {params['shard_mib']:g} MiB, "
-        f"{params['chunk_mib']:g} MiB reads, median of {params['repeat']} repeat(s)\n"
+        f"{params['chunk_mib']:g} MiB reads, median of {params['repeat']} repeat(s)"
     )
+    print(common.describe_profile(params["store_profile"]) + "\n")
     print(f"{'mode':<24} {'MiB':>7} {'seconds':>8} {'MiB/s':>8}")
     for mode, row in result["modes"].items():
         print(f"{mode:<24} {row['bytes'] / MiB:>7.0f} {row['seconds']:>8.3f} {row['mib_s']:>8.1f}")
@@ -213,10 +241,35 @@ def print_report(result: dict[str, Any]) -> None:
 
 
 def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[str, Any]:
-    client = common.make_client(endpoint)
-    dataset = build_dataset(client, args, tmp)
-    bucket, shards = dataset.bucket, dataset.shards
-    ctx = Context(args, endpoint, bucket, shards, tmp)
+    direct = common.make_client(endpoint)
+    dataset = build_dataset(direct, args, tmp)
+    try:
+        warm_up(direct, dataset)
+        with common.remote_store(endpoint, args.store_profile) as (store, profile):
+            return benchmark_through(args, store, profile, dataset, tmp)
+    finally:
+        if not endpoint.started_here:
+            delete_dataset(direct, dataset)
+
+
+def warm_up(client: Any, dataset: Dataset) -> None:
+    """Read every object once, untimed and straight to the server: all modes see one state."""
+    for shard in dataset.shards:
+        body = client.get_object(Bucket=dataset.bucket, Key=shard.key)["Body"]
+        while body.read(8 * MiB):
+            pass
+        body.close()
+
+
+def benchmark_through(
+    args: argparse.Namespace,
+    endpoint: Endpoint,
+    profile: dict[str, Any],
+    dataset: Dataset,
+    tmp: Path,
+) -> dict[str, Any]:
+    """Every mode, through ``endpoint`` (the store as the profile emulates it)."""
+    ctx = Context(args, endpoint, dataset.bucket, dataset.shards, tmp)
     for _ in range(args.repeat):
         run_repeat(ctx)
     modes = summarize(ctx)
@@ -227,6 +280,7 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[s
             "chunk_mib": args.chunk_mib,
             "repeat": args.repeat,
             "statistic": "median",
+            "store_profile": profile,
         },
         "machine": common.machine_info(endpoint),
         "modes": modes,
@@ -236,7 +290,9 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[s
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return common.run_main(parse_args(argv), "tiercache-mbench-", benchmark, print_report)
+    return common.run_main(
+        parse_args(argv), "tiercache-mbench-", benchmark, print_report, chart=plot.mount_chart
+    )
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from typing import Any
 
 import common
 import fsspec
+import plot
 import xxhash
 from boto3.s3.transfer import TransferConfig
 from common import REPO, Endpoint, MiB, VerifyError
@@ -534,12 +535,7 @@ def print_report(result: dict[str, Any]) -> None:
         f"\ntiercache read benchmark: {params['shards']} shards x {params['shard_mib']:g} MiB, "
         f"{params['chunk_mib']:g} MiB reads, median of {params['repeat']} repeat(s)"
     )
-    store = params["store_profile"]
-    print(
-        f"store profile {store['name']}: {store['latency_s'] * 1000:g} ms per request, "
-        f"{store['conn_bps'] / MiB:g} MiB/s per connection, {store['total_bps'] / MiB:g} MiB/s "
-        f"in all (0 = unlimited), error rate {store['error_rate']:g}\n"
-    )
+    print(common.describe_profile(params["store_profile"]) + "\n")
     head = f"{'mode':<28} {'MiB':>7} {'seconds':>8} {'MiB/s':>8} {'cpu_s':>6} {'srv_cpu_s':>9}"
     print(f"{head} {'proxy_cpu_s':>11}")
     for mode, row in result["modes"].items():
@@ -602,7 +598,9 @@ def benchmark_through(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return common.run_main(parse_args(argv), "tiercache-bench-", benchmark, print_report)
+    return common.run_main(
+        parse_args(argv), "tiercache-bench-", benchmark, print_report, chart=plot.read_chart
+    )
 
 
 if __name__ == "__main__":

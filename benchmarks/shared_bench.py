@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import common
+import plot
 import xxhash
 from common import REPO, Endpoint, MiB, VerifyError
 
@@ -40,6 +41,11 @@ NOTES = (
     "gets_per_object: N processes as H hosts (own host_id and local tier each host) read "
     "every shard from an empty shared tier at once; GETs summed from every process's "
     "store counters, divided by the shard count (1.0 = each object fetched once).",
+    "fill_from_store_mib_s: the first host's reads of every shard from the store into an "
+    "empty shared tier (cat_file, then wait_fetches), median over --repeat.",
+    "--store-profile runs every request to the store (the fill, the racing processes) "
+    "through scripts/remote_store.py, the profile's numbers in params.store_profile; the "
+    "upload and cleanup go straight to the server. The L2 reads never reach the store.",
 )
 
 
@@ -57,6 +63,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--quick", action="store_true", help="4 x 16 MiB shards, 4 processes")
     common.add_run_args(p, DEFAULT_JSON)
+    common.add_store_profile_arg(p)
     args = p.parse_args(argv)
     if args.quick:
         args.shards, args.shard_mib, args.processes, args.hosts = 4, 16, 4, 2
@@ -136,9 +143,30 @@ def _process(
 
 
 def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[str, Any]:
-    client = common.make_client(endpoint)
+    client = common.make_client(endpoint)  # straight to the server: upload and cleanup
     bucket = f"tc-shared-bench-{os.getpid()}"
     client.create_bucket(Bucket=bucket)
+    try:
+        with common.remote_store(endpoint, args.store_profile) as (store, profile):
+            return benchmark_through(args, store, profile, client, bucket, tmp)
+    finally:
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+        for page in pages:
+            keys = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
+            if keys:
+                client.delete_objects(Bucket=bucket, Delete={"Objects": keys})
+        client.delete_bucket(Bucket=bucket)
+
+
+def benchmark_through(
+    args: argparse.Namespace,
+    endpoint: Endpoint,
+    profile: dict[str, Any],
+    client: Any,
+    bucket: str,
+    tmp: Path,
+) -> dict[str, Any]:
+    """Both parts, every request to the store through ``endpoint`` (the emulated store)."""
     base = args.shared_dir or tmp
     work = base / f"tiercache-shared-bench-{os.getpid()}"
     work.mkdir(parents=True)
@@ -162,12 +190,21 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[s
             "l2_serve": [],
             "l2_promote": [],
         }
+        fills = []
         for repeat in range(args.repeat):
             shared = work / f"shared-{repeat}"
             filler = _host_fs(endpoint, work / f"r{repeat}", shared, "filler")
-            for name in names:
-                filler.cat_file(name)
+            common.build_client_now(filler)
+            fill = 0.0
+            for name in names:  # timed per object: the check of its bytes is not
+                started = time.perf_counter()
+                data = filler.cat_file(name)
+                fill += time.perf_counter() - started
+                if xxhash.xxh3_128(data).hexdigest() != expected[name]:
+                    raise VerifyError(f"the filler read wrong bytes of {name}")
+            started = time.perf_counter()
             filler.wait_fetches()
+            fills.append(fill + time.perf_counter() - started)
             plain_names = [str(plain / Path(n).name) for n in names]
             elapsed, got = _read_all(io.FileIO, plain_names, chunk)
             if list(got.values()) != list(expected.values()):
@@ -194,7 +231,7 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[s
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {
-        "config": {
+        "params": {
             "shards": args.shards,
             "shard_mib": args.shard_mib,
             "chunk_mib": args.chunk_mib,
@@ -202,9 +239,11 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[s
             "processes": args.processes,
             "hosts": args.hosts,
             "shared_dir": str(base),
+            "store_profile": profile,
         },
         "machine": common.machine_info(endpoint),
         "mib_per_s": throughput,
+        "fill_from_store_mib_s": round(total / MiB / statistics.median(fills), 1),
         "ratios": {
             "l2_serve_vs_plain_same_fs": throughput["l2_serve"] / throughput["plain_same_fs"],
             "l2_promote_vs_plain_copy_then_read": throughput["l2_promote"]
@@ -249,17 +288,19 @@ def _gets_per_object(
     for digests, _ in results:
         if digests != expected:
             raise VerifyError("a racing process read wrong bytes")
-    return sum(gets for _, gets in results) / len(names)
+    return float(sum(gets for _, gets in results)) / len(names)
 
 
 def print_report(result: dict[str, Any]) -> None:
-    cfg = result["config"]
+    cfg = result["params"]
     print(
         f"\nshared tier: {cfg['shards']} x {cfg['shard_mib']} MiB, {cfg['chunk_mib']} MiB reads, "
         f"median of {cfg['repeat']}, on {cfg['shared_dir']}"
     )
+    print(common.describe_profile(cfg["store_profile"]))
     for mode, rate in result["mib_per_s"].items():
-        print(f"  {mode:<16} {rate:>9,.0f} MiB/s")
+        print(f"  {mode:<22} {rate:>9,.0f} MiB/s")
+    print(f"  {'fill_from_store':<22} {result['fill_from_store_mib_s']:>9,.0f} MiB/s")
     for name, ratio in result["ratios"].items():
         print(f"  {name:<32} {ratio:5.2f}x")
     print(
@@ -270,7 +311,13 @@ def print_report(result: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return common.run_main(parse_args(argv), "tiercache-shared-bench-", benchmark, print_report)
+    return common.run_main(
+        parse_args(argv),
+        "tiercache-shared-bench-",
+        benchmark,
+        print_report,
+        chart=plot.shared_chart,
+    )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import sys
 import tempfile
@@ -11,30 +12,43 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import common
 import fsspec
+import plot
 import xxhash
 from common import REPO, Endpoint, MiB, VerifyError
 
 from tiercache import TierCacheFileSystem
 
 DEFAULT_JSON = REPO / "benchmarks" / "results" / "train_loop_bench.json"
+DEFAULT_RATE_MIB = 64.0
+MODES = ("s3fs", "simplecache", "tiercache_no_prefetch", "tiercache")
+RATE_PROBE_BYTES = 64 * MiB  # read through the store profile to measure one stream
 
 NOTES = (
     "The loop reads each shard in --chunk-mib readinto() calls into one reused buffer and, "
     "after each chunk, 'computes' for chunk/rate seconds (a sleep to a deadline, so hashing "
     "the chunk for verification is part of the compute time, never of the stall).",
     "stall = seconds spent in open() and readinto(), i.e. waiting for data; stall fraction = "
-    "stall / wall time of the loop. 'excl. first' leaves out the first shard of the run, which "
-    "every mode must fetch while the model waits.",
-    "Modes run one after the other on the same shards and server, each with a fresh cache: "
+    "stall / wall time of the loop. Per epoch, 'excl. first' leaves out that epoch's first "
+    "shard (in epoch 1 every mode must fetch it while the model waits); in a mode's total row "
+    "only the run's first shard is left out.",
+    "Modes run one after the other on the same shards and server, each with a fresh cache "
+    "kept for all --epochs epochs; every epoch reads the shards in the same order: "
     "s3fs = plain s3:// reads (s3fs defaults); simplecache = fsspec simplecache::s3:// "
     "(whole object downloaded at open); tiercache_no_prefetch = tiercache without read-ahead; "
-    "tiercache = tiercache with fs.read_ahead(order) (k = --readahead).",
+    "tiercache = tiercache with fs.read_ahead(order of every epoch) (k = --readahead).",
+    "A step = one readinto() of --chunk-mib; the open() of a shard counts in its first step. "
+    "epochs[].step_stall_s has the stall of every step and step_end_s when it ended (seconds "
+    "since the epoch began): what --plot draws.",
+    "--store-profile runs every mode (and the single-stream measurement) through "
+    "scripts/remote_store.py, the profile's numbers in params.store_profile; uploads, the "
+    "untimed warm-up read and cleanup go straight to the server. --rate-fraction F sets the "
+    "loop's rate to F x the profile's aggregate bandwidth (params.rate_source says which).",
     "The over-budget run: a dataset of 3x local_max_bytes read for 2 epochs (a new shuffled "
     "order each epoch, both epochs in one read-ahead order); GETs and bytes are the store "
     "requests and bytes fetched during each epoch.",
@@ -62,22 +76,59 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--shards", type=int, default=24, help="shards read per mode (default 24)")
     p.add_argument("--shard-mib", type=float, default=32, help="shard size in MiB (default 32)")
-    p.add_argument("--rate-mib", type=float, default=64, help="'GPU' consumption, MiB/s")
+    p.add_argument(
+        "--rate-mib", type=float, help=f"'GPU' consumption, MiB/s (default {DEFAULT_RATE_MIB:g})"
+    )
+    p.add_argument(
+        "--rate-fraction",
+        type=float,
+        metavar="F",
+        help="consume at F x the store profile's aggregate bandwidth (needs a profile with "
+        "one, e.g. s3-region; instead of --rate-mib)",
+    )
+    p.add_argument("--epochs", type=int, default=2, help="passes over the shards (default 2)")
     p.add_argument("--chunk-mib", type=float, default=4, help="read size in MiB (default 4)")
     p.add_argument("--readahead", type=int, default=4, help="tiercache read-ahead k")
     p.add_argument(
         "--over-shards", type=int, default=24, help="shards of the 3x-budget run (default 24)"
     )
-    p.add_argument("--modes", default="s3fs,simplecache,tiercache_no_prefetch,tiercache")
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated, in run order")
     p.add_argument("--quick", action="store_true", help="small run, under a minute")
     common.add_run_args(p, DEFAULT_JSON)
+    common.add_store_profile_arg(p)
     args = p.parse_args(argv)
     if args.quick:
         args.shards, args.shard_mib, args.over_shards = 8, 16, 12
     args.modes = [m for m in args.modes.split(",") if m]
+    unknown = set(args.modes) - set(MODES)
+    if unknown:
+        p.error(f"unknown --modes {sorted(unknown)}; choose from {', '.join(MODES)}")
+    args.rate_mib, args.rate_source = consumption_rate(p, args)
     if min(args.shards, args.over_shards) < 2 or args.shard_mib <= 0 or args.rate_mib <= 0:
         p.error("--shards/--over-shards must be >= 2, sizes and rate positive")
+    if args.epochs < 1:
+        p.error("--epochs must be >= 1")
     return args
+
+
+def consumption_rate(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[float, str]:
+    """The loop's MiB/s and where it came from: --rate-mib, or --rate-fraction x the profile's
+    aggregate bandwidth."""
+    if args.rate_fraction is None:
+        rate = DEFAULT_RATE_MIB if args.rate_mib is None else args.rate_mib
+        return rate, f"--rate-mib {rate:g}"
+    if args.rate_mib is not None:
+        p.error("give --rate-mib or --rate-fraction, not both")
+    if args.rate_fraction <= 0:
+        p.error("--rate-fraction must be positive")
+    total = common.store_profile(args.store_profile)["total_bps"] / MiB
+    if not total:
+        p.error(
+            f"--rate-fraction needs a store profile with an aggregate bandwidth cap; "
+            f"{args.store_profile} has none (use --rate-mib)"
+        )
+    source = f"{args.rate_fraction:g} x {args.store_profile}'s {total:g} MiB/s aggregate"
+    return args.rate_fraction * total, source
 
 
 # -- dataset -----------------------------------------------------------------------------------
@@ -103,6 +154,8 @@ class LoopResult:
     stall_s: float = 0.0
     first_stall_s: float = 0.0
     nbytes: int = 0
+    step_stall_s: list[float] = field(default_factory=list)
+    step_end_s: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, float]:
         rest = self.seconds - self.first_stall_s
@@ -112,7 +165,26 @@ class LoopResult:
             "stall_fraction": round(self.stall_s / self.seconds, 4),
             "stall_fraction_excl_first": round((self.stall_s - self.first_stall_s) / rest, 4),
             "mib": round(self.nbytes / MiB, 1),
+            "mib_s": round(self.nbytes / MiB / self.seconds, 1),
         }
+
+    def with_steps(self) -> dict[str, Any]:
+        return {
+            **self.as_dict(),
+            "step_stall_s": [round(s, 5) for s in self.step_stall_s],
+            "step_end_s": [round(t, 4) for t in self.step_end_s],
+        }
+
+
+def run_total(epochs: list[LoopResult]) -> dict[str, float]:
+    """A mode's totals over its epochs; only the run's first shard is left out of excl_first."""
+    total = LoopResult(
+        seconds=sum(e.seconds for e in epochs),
+        stall_s=sum(e.stall_s for e in epochs),
+        first_stall_s=epochs[0].first_stall_s,
+        nbytes=sum(e.nbytes for e in epochs),
+    )
+    return total.as_dict()
 
 
 Opener = Callable[[str], Any]
@@ -121,7 +193,7 @@ Opener = Callable[[str], Any]
 def train_loop(
     opener: Opener, bucket: str, order: list[Shard], args: argparse.Namespace
 ) -> LoopResult:
-    """Consume shards at --rate-mib; return the time spent waiting for data."""
+    """Consume shards (one epoch) at args.rate_mib; return the time spent waiting for data."""
     chunk = int(args.chunk_mib * MiB)
     buffer = bytearray(chunk)
     view = memoryview(buffer)
@@ -132,19 +204,26 @@ def train_loop(
         stall = 0.0
         t = time.perf_counter()
         f = opener(f"{bucket}/{shard.key}")
-        stall += time.perf_counter() - t
+        step = time.perf_counter() - t  # the open counts in the shard's first step
         with f:
             while True:
                 t = time.perf_counter()
                 got = f.readinto(view)
                 now = time.perf_counter()
-                stall += now - t
+                step += now - t
                 if not got:
                     break
+                stall += step
+                result.step_stall_s.append(step)
+                result.step_end_s.append(now - started)
+                step = 0.0
                 hasher.update(view[:got])
                 result.nbytes += got
                 deadline = now + got / (args.rate_mib * MiB)
                 time.sleep(max(0.0, deadline - time.perf_counter()))
+        stall += step  # the final empty read (end of file) waits too
+        if result.step_stall_s:
+            result.step_stall_s[-1] += step
         if hasher.hexdigest() != shard.digest:
             raise VerifyError(f"{shard.key}: the bytes read differ from the bytes stored")
         result.stall_s += stall
@@ -154,13 +233,21 @@ def train_loop(
     return result
 
 
-def run_mode(mode: str, ds: Dataset, endpoint: Endpoint, args: argparse.Namespace, tmp: Path):
-    """Run the loop once through ``mode`` with a fresh cache; returns (result, extras)."""
+def run_mode(
+    mode: str, ds: Dataset, endpoint: Endpoint, args: argparse.Namespace, tmp: Path
+) -> tuple[list[LoopResult], dict[str, Any]]:
+    """Run --epochs epochs through ``mode`` with one fresh cache; returns (epochs, extras)."""
     cache = Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=tmp))
     extras: dict[str, Any] = {}
+
+    def epochs(fs: Any) -> list[LoopResult]:
+        return [
+            train_loop(lambda p: fs.open(p, "rb"), ds.bucket, ds.shards, args)
+            for _ in range(args.epochs)
+        ]
+
     if mode == "s3fs":
-        fs = fsspec.filesystem("s3", skip_instance_cache=True, **endpoint.s3_options())
-        result = train_loop(lambda p: fs.open(p, "rb"), ds.bucket, ds.shards, args)
+        results = epochs(fsspec.filesystem("s3", skip_instance_cache=True, **endpoint.s3_options()))
     elif mode == "simplecache":
         fs = fsspec.filesystem(
             "simplecache",
@@ -169,17 +256,17 @@ def run_mode(mode: str, ds: Dataset, endpoint: Endpoint, args: argparse.Namespac
             cache_storage=str(cache),
             skip_instance_cache=True,
         )
-        result = train_loop(lambda p: fs.open(p, "rb"), ds.bucket, ds.shards, args)
+        results = epochs(fs)
     else:
         tc = tiercache_fs(endpoint, cache, consistency="immutable")
-        paths = [f"{ds.bucket}/{s.key}" for s in ds.shards]
+        paths = [f"{ds.bucket}/{s.key}" for s in ds.shards] * args.epochs
         ahead: AbstractContextManager[Any] = (
             tc.read_ahead(paths, k=args.readahead) if mode == "tiercache" else nullcontext()
         )
         with ahead:
-            result = train_loop(lambda p: tc.open(p, "rb"), ds.bucket, ds.shards, args)
+            results = epochs(tc)
         extras = tier_counts(tc)
-    return result, extras
+    return results, extras
 
 
 def tiercache_fs(endpoint: Endpoint, cache: Path, **options: Any) -> TierCacheFileSystem:
@@ -203,8 +290,13 @@ def tier_counts(fs: TierCacheFileSystem) -> dict[str, Any]:
     return out
 
 
-def over_budget_run(client: Any, endpoint: Endpoint, args: argparse.Namespace, tmp: Path):
-    """A dataset 3x the cache budget, 2 epochs (shuffled), one read-ahead order for both."""
+def over_budget_run(
+    client: Any, endpoint: Endpoint, args: argparse.Namespace, tmp: Path
+) -> dict[str, Any]:
+    """A dataset 3x the cache budget, 2 epochs (shuffled), one read-ahead order for both.
+
+    ``client`` (straight to the server) uploads and deletes; the loop reads through ``endpoint``.
+    """
     size = int(args.shard_mib * MiB)
     bucket = f"tiercache-bench-{uuid.uuid4().hex[:12]}"
     client.create_bucket(Bucket=bucket)
@@ -238,33 +330,63 @@ def delete_bucket(client: Any, bucket: str, keys: list[str]) -> None:
     client.delete_bucket(Bucket=bucket)
 
 
-def store_rate(client: Any, ds: Dataset) -> float:
-    """MiB/s of one sequential get_object stream over the dataset (also warms the server)."""
+def read_stream(client: Any, ds: Dataset, shards: list[Shard]) -> float:
+    """MiB/s of one sequential get_object stream over ``shards``."""
     started = time.perf_counter()
     total = 0
-    for shard in ds.shards:
+    for shard in shards:
         body = client.get_object(Bucket=ds.bucket, Key=shard.key)["Body"]
         while data := body.read(8 * MiB):
             total += len(data)
+        body.close()
     return total / MiB / (time.perf_counter() - started)
 
 
+def rate_probe(ds: Dataset) -> list[Shard]:
+    """The first shards, at least RATE_PROBE_BYTES of them (all of them if fewer)."""
+    sizes = itertools.accumulate(s.size for s in ds.shards)
+    count = next((n for n, total in enumerate(sizes, 1) if total >= RATE_PROBE_BYTES), None)
+    return ds.shards[: count or len(ds.shards)]
+
+
 def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[str, Any]:
-    client = common.make_client(endpoint)
+    direct = common.make_client(endpoint)
     bucket = f"tiercache-bench-{uuid.uuid4().hex[:12]}"
-    client.create_bucket(Bucket=bucket)
-    ds = Dataset(bucket, upload(client, bucket, "train", args.shards, int(args.shard_mib * MiB)))
-    rate = store_rate(client, ds)
-    fsspec.filesystem("s3", **endpoint.s3_options()).ls(bucket)  # connect outside the timers
+    direct.create_bucket(Bucket=bucket)
+    ds = Dataset(bucket, upload(direct, bucket, "train", args.shards, int(args.shard_mib * MiB)))
+    read_stream(direct, ds, ds.shards)  # untimed warm-up: every mode sees the same server state
+    try:
+        with common.remote_store(endpoint, args.store_profile) as (store, profile):
+            return benchmark_through(args, store, profile, ds, tmp, direct)
+    finally:
+        delete_bucket(direct, bucket, [s.key for s in ds.shards])
+
+
+def benchmark_through(
+    args: argparse.Namespace,
+    endpoint: Endpoint,
+    profile: dict[str, Any],
+    ds: Dataset,
+    tmp: Path,
+    direct: Any,
+) -> dict[str, Any]:
+    """Every mode and the over-budget run through ``endpoint`` (the store the profile emulates)."""
+    rate = read_stream(common.make_client(endpoint), ds, rate_probe(ds))
+    fsspec.filesystem("s3", **endpoint.s3_options()).ls(ds.bucket)  # connect outside the timers
     modes = {}
     for mode in args.modes:
-        result, extras = run_mode(mode, ds, endpoint, args, tmp)
-        modes[mode] = {**result.as_dict(), **extras}
-        print(f"  {mode}: stall {modes[mode]['stall_fraction']:.1%}", file=sys.stderr)
-    delete_bucket(client, bucket, [s.key for s in ds.shards])
-    over = over_budget_run(client, endpoint, args, tmp)
+        epochs, extras = run_mode(mode, ds, endpoint, args, tmp)
+        modes[mode] = {**run_total(epochs), **extras, "epochs": [e.with_steps() for e in epochs]}
+        per_epoch = ", ".join(f"{e.as_dict()['stall_fraction_excl_first']:.1%}" for e in epochs)
+        print(f"  {mode}: stall excl. first per epoch {per_epoch}", file=sys.stderr)
+    over = over_budget_run(direct, endpoint, args, tmp)
+    skip = ("json", "plot", "store_profile", "rate_fraction")
     return {
-        "params": {k: v for k, v in vars(args).items() if k not in ("json",)},
+        "params": {
+            **{k: v for k, v in vars(args).items() if k not in skip},
+            "rate_fraction": args.rate_fraction,
+            "store_profile": profile,
+        },
         "store_single_stream_mib_s": round(rate, 1),
         "modes": modes,
         "over_budget": over,
@@ -276,22 +398,24 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[s
 def print_report(result: dict[str, Any]) -> None:
     p = result["params"]
     print(
-        f"\ntiercache training-loop benchmark: {p['shards']} shards x {p['shard_mib']:g} MiB, "
-        f"consumed at {p['rate_mib']:g} MiB/s (store, one stream: "
-        f"{result['store_single_stream_mib_s']:.0f} MiB/s), read-ahead k={p['readahead']}\n"
+        f"\ntiercache training-loop benchmark: {p['epochs']} epoch(s) x {p['shards']} shards x "
+        f"{p['shard_mib']:g} MiB in order, consumed at {p['rate_mib']:g} MiB/s "
+        f"({p['rate_source']}; store, one stream: {result['store_single_stream_mib_s']:.0f} "
+        f"MiB/s), read-ahead k={p['readahead']}"
     )
-    print(f"{'mode':<24} {'seconds':>8} {'stall_s':>8} {'stall':>7} {'excl. first':>11}")
-    base = result["modes"].get("tiercache", {}).get("stall_fraction_excl_first")
+    print(common.describe_profile(p["store_profile"]) + "\n")
+    head = f"{'mode':<24} {'epoch':>5} {'seconds':>8} {'MiB/s':>7} {'stall_s':>8} {'stall':>7}"
+    print(f"{head} {'excl. first':>11}")
     for mode, row in result["modes"].items():
-        print(
-            f"{mode:<24} {row['seconds']:>8.2f} {row['stall_s']:>8.2f} "
-            f"{row['stall_fraction']:>7.1%} {row['stall_fraction_excl_first']:>11.1%}"
-        )
-    if base:
-        for mode, row in result["modes"].items():
-            if mode != "tiercache":
-                ratio = row["stall_fraction_excl_first"] / base
-                print(f"  {mode} stalls {ratio:,.0f}x as much as tiercache (excl. first shard)")
+        for n, epoch in enumerate([*row["epochs"], row], 1):
+            name = mode if n == 1 else ""
+            label = str(n) if n <= len(row["epochs"]) else "all"
+            print(
+                f"{name:<24} {label:>5} {epoch['seconds']:>8.2f} {epoch['mib_s']:>7.1f} "
+                f"{epoch['stall_s']:>8.2f} {epoch['stall_fraction']:>7.1%} "
+                f"{epoch['stall_fraction_excl_first']:>11.1%}"
+            )
+    print_stall_ratios(result["modes"])
     over = result["over_budget"]
     print(
         f"\nover budget: {over['shards']} shards = 3x local_max_bytes ({over['budget_mib']:g} "
@@ -306,8 +430,25 @@ def print_report(result: dict[str, Any]) -> None:
     common.print_notes(result["notes"])
 
 
+def print_stall_ratios(modes: dict[str, Any]) -> None:
+    """How many times tiercache's stall (excl. first, per epoch) each other mode stalls."""
+    if "tiercache" not in modes:
+        return
+    base = [e["stall_fraction_excl_first"] for e in modes["tiercache"]["epochs"]]
+    for mode, row in modes.items():
+        if mode == "tiercache":
+            continue
+        parts = []
+        for n, (epoch, ref) in enumerate(zip(row["epochs"], base, strict=True), 1):
+            value = epoch["stall_fraction_excl_first"]
+            parts.append(f"epoch {n}: " + (f"{value / ref:,.1f}x" if ref else f"{value:.1%} vs 0"))
+        print(f"  {mode} stalls, against tiercache (excl. first shard): {'; '.join(parts)}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    return common.run_main(parse_args(argv), "tiercache-train-", benchmark, print_report)
+    return common.run_main(
+        parse_args(argv), "tiercache-train-", benchmark, print_report, chart=plot.train_loop_chart
+    )
 
 
 if __name__ == "__main__":
