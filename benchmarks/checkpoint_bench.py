@@ -70,6 +70,11 @@ NOTES = (
     "local_write_nofsync is a calibration, not a target: the same writes with no fsync, i.e. "
     "the page-cache fill every mode pays. Page-cache fills on this VM are slow and variable "
     "(read_bench's local_write measured 0.2-2.7 CPU-s per GiB).",
+    "Before every mode (untimed, unless --no-prime) the checkpoint's size plus 64 MiB is "
+    "written to a scratch file and deleted: on this VM memory left free for a few seconds is "
+    "taken back by the hypervisor and the first write into it costs several times a normal "
+    "page-cache write, so whichever mode came first after a pause paid for it "
+    "(common.prime_page_cache; prime_seconds in the JSON shows that cost).",
     "os.sync() runs (untimed) before every mode so that no mode pays another's writeback; "
     "objects and local files of a mode are deleted (untimed) after they were verified.",
     "cpu_s = CPU seconds of this process (all threads: uploaders included) and srv_cpu_s = CPU "
@@ -139,6 +144,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     common.add_run_args(p, DEFAULT_JSON)
     common.add_store_profile_arg(p)
     p.add_argument("--quick", action="store_true", help="4 files, 64 MiB in all: a smoke run")
+    p.add_argument(
+        "--no-prime",
+        action="store_true",
+        help="do not prime the page cache before each mode (see the notes printed)",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.files, args.total_mib = 4, 64
@@ -228,7 +238,11 @@ def verify_local(mode: str, files: list[CheckpointFile], out_dir: Path) -> None:
 
 
 def measure(ctx: Context, mode: str, run: Callable[[], Timing]) -> Timing:
-    """Run one timed checkpoint write after an untimed os.sync(); record it with its CPU time."""
+    """Run one timed checkpoint write after an untimed os.sync() and page-cache priming;
+    record it with its CPU time."""
+    if not ctx.args.no_prime:
+        primed = common.prime_page_cache(ctx.tmp, ctx.total_bytes + 64 * MiB)
+        ctx.extras.setdefault("prime_seconds", {}).setdefault(mode, []).append(round(primed, 3))
     os.sync()
     pid, proxy_pid = ctx.endpoint.server_pid, ctx.endpoint.proxy_pid
     cpu0, srv0 = time.process_time(), common.server_cpu_seconds(pid)

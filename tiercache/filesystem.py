@@ -590,9 +590,19 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         window_bytes: int | None = None,
         priority: int = 0,
     ) -> ReadAhead:
-        """Prefetch along a read order (paths, or a prefix): opening object i queues i+1..i+k."""
+        """Prefetch along a read order (paths, or a prefix): opening object i queues i+1..i+k.
+
+        ``k`` (default ``readahead``) is where the depth starts: each time the reader has to
+        wait for an object it grows by one, within the prefetch window."""
         count = self.config.readahead if k is None else k
-        return ReadAhead(self._runtime.prefetch, expand(self, order), count, window_bytes, priority)
+        return ReadAhead(
+            self._runtime.prefetch,
+            expand(self, order),
+            count,
+            window_bytes,
+            priority,
+            stats=self._stats,
+        )
 
     def stats(self) -> dict[str, Any]:
         """Counters of this process: cache hits/misses/bytes, store requests, tier usage.

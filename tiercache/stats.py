@@ -45,6 +45,8 @@ COUNTERS = (
     "prefetch_used_bytes",
     "prefetch_wasted",
     "prefetch_wasted_bytes",
+    "readahead_deepened",
+    "prefetch_workers_added",
 )
 # Accumulated seconds reported even when still zero.
 TIMES = ("reader_wait_seconds", "verify_seconds")

@@ -292,3 +292,43 @@ def test_prefetch_options_from_keywords_and_environment() -> None:
     assert defaults.prefetch_window == 512 * 1024 * KiB  # half the local budget
     with pytest.raises(ConfigError, match=r"TIERCACHE_READAHEAD\) must be an integer"):
         TierCacheConfig.from_options({}, environ={"TIERCACHE_READAHEAD": "many"})
+
+
+class SlowStore(MemoryStore):
+    """Every GET takes ``delay`` seconds: a store far away."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(["b"])
+        self.delay = delay
+
+    def open_range(
+        self, bucket: str, key: str, start: int, end: int | None, if_match: str | None = None
+    ) -> MemoryStream:
+        time.sleep(self.delay)
+        return super().open_range(bucket, key, start, end, if_match)
+
+
+def test_read_ahead_deepens_while_the_reader_waits(tmp_path: Path) -> None:
+    store = SlowStore(delay=0.05)
+    blobs = _put(store, "d", 24, 4 * KiB)
+    fs = _fs(tmp_path, store, prefetch_workers=1)
+    with fs.read_ahead(list(blobs), k=1) as order:
+        for path in order.paths:  # a reader faster than one object in flight at depth 1
+            assert fs.cat_file(path) == blobs[path]
+        deepened = order.k
+    stats = fs.stats()
+    assert deepened > 1 and stats["readahead_deepened"] == deepened - 1
+    assert stats["prefetch_workers_added"] >= 1
+    assert stats["prefetch_wasted"] == 0
+
+
+def test_read_ahead_keeps_its_depth_when_the_reader_never_waits(tmp_path: Path) -> None:
+    store = MemoryStore(["b"])
+    blobs = _put(store, "d", 8, 4 * KiB)
+    fs = _fs(tmp_path, store, prefetch_workers=1)  # objects arrive in order
+    with fs.read_ahead(list(blobs), k=2) as order:
+        for i, path in enumerate(order.paths):  # each open finds its object pinned, ready
+            _until(lambda n=i + 1: fs.stats()["prefetched"] >= n)  # type: ignore[misc]
+            assert fs.cat_file(path) == blobs[path]
+        assert order.k == 2
+    assert fs.stats()["readahead_deepened"] == 0

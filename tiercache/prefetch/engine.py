@@ -44,14 +44,17 @@ _IDLE_EXIT_SECONDS = 5.0
 # Prefetched objects released unread (cancel, close) are remembered, up to this many, to
 # count the ones evicted before a reader came (``prefetch_wasted``).
 _UNUSED_RECORDS = 4096
+# Objects in flight grow (``add_worker``) up to this many, or ``prefetch_workers`` if more.
+MAX_PREFETCH_WORKERS = 16
 
 Target = tuple[str, str, "int | None"]  # bucket, key, size if known
 
 
 class OrderListener(Protocol):
-    """A read-ahead order, told when a reader opens one of its objects."""
+    """A read-ahead order, told when a reader opens one of its objects (``ready``: its bytes
+    were already in the tier, so the reader did not wait)."""
 
-    def opened(self, path: str) -> None: ...
+    def opened(self, path: str, ready: bool) -> None: ...
 
 
 @dataclass
@@ -100,6 +103,7 @@ class PrefetchEngine:
         stats: Stats,
     ) -> None:
         self._workers = config.prefetch_workers
+        self._max_workers = max(config.prefetch_workers, MAX_PREFETCH_WORKERS)
         self._read_path = read_path
         self._tier = tier
         self._store = store
@@ -117,6 +121,7 @@ class PrefetchEngine:
         self._listeners: dict[str, OrderListener] = {}  # path -> read-ahead order that contains it
         self._unused: OrderedDict[str, tuple[str, str, int]] = OrderedDict()
         self._running_threads = 0
+        self._busy = 0  # workers fetching or resolving an item
         self.window.used = 0
 
     def after_fork(self) -> None:
@@ -208,6 +213,7 @@ class PrefetchEngine:
         release: _Item | None = None
         with self._cond:
             item = self._items.get(path)
+            ready = item is not None and item.state == "pinned"
             if item is not None:
                 if item.state == "queued":
                     self._drop(item, READ_FIRST)
@@ -224,7 +230,7 @@ class PrefetchEngine:
         if unused is not None:
             self._settle_unused(*unused)
         if order is not None:
-            order.opened(path)
+            order.opened(path, ready)
         try:
             yield
         finally:
@@ -252,6 +258,18 @@ class PrefetchEngine:
 
     # -- workers -----------------------------------------------------------------------------
 
+    def add_worker(self) -> bool:
+        """One more object in flight, when a reader waited while every worker was busy (up to
+        ``MAX_PREFETCH_WORKERS``); False when that would not help."""
+        with self._cond:
+            if self._workers >= self._max_workers or self._busy < self._workers:
+                return False
+            self._workers += 1
+            self._start_workers()
+            self._cond.notify_all()
+        self._stats.add("prefetch_workers_added")
+        return True
+
     def _start_workers(self) -> None:
         while self._running_threads < self._workers:
             self._running_threads += 1
@@ -267,10 +285,15 @@ class PrefetchEngine:
                     if item is None and not woken and not self._heap:
                         self._running_threads -= 1
                         return
-            if item.state == "resolving":
-                self._resolve(item)
-            else:
-                self._fetch(item)
+                self._busy += 1
+            try:
+                if item.state == "resolving":
+                    self._resolve(item)
+                else:
+                    self._fetch(item)
+            finally:
+                with self._cond:
+                    self._busy -= 1
 
     def _take(self) -> _Item | None:
         """The next item to work on, or None; strictly in queue order (hold the lock)."""

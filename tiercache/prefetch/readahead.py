@@ -1,4 +1,5 @@
-"""``ReadAhead``: a known read order; opening object i prefetches objects i+1..i+k."""
+"""``ReadAhead``: a known read order; opening object i prefetches objects i+1..i+k, k growing
+while the reader has to wait."""
 
 from __future__ import annotations
 
@@ -9,17 +10,23 @@ from types import TracebackType
 
 from tiercache.prefetch.engine import Budget, PrefetchEngine, Target
 from tiercache.prefetch.handle import PrefetchHandle
+from tiercache.stats import Stats
+
+MAX_DEPTH = 64
 
 
 class ReadAhead:
     """Prefetch along an order as a reader moves through it.
 
     The first ``k`` objects are queued at once; each open of an object of the order queues
-    the ``k`` after it. An object may appear more than once (several epochs in one order):
-    an open counts as its next occurrence after the reader's position. The engine's window
-    (and ``window_bytes``, if given, for this order alone) bounds the bytes held ahead of the
-    reader: past it the next object waits until the reader opens one. ``close()`` (or
-    leaving the ``with`` block) releases what is left.
+    the ``k`` after it. When the reader opens an object whose bytes are not in the tier yet
+    (it waits), the order looks one object further ahead from then on (up to ``MAX_DEPTH``)
+    and the engine may put one more object in flight: depth and parallelism grow until the
+    reader stops waiting, always within the window. An object may appear more than once
+    (several epochs in one order): an open counts as its next occurrence after the reader's
+    position. The engine's window (and ``window_bytes``, if given, for this order alone)
+    bounds the bytes held ahead of the reader: past it the next object waits until the
+    reader opens one. ``close()`` (or leaving the ``with`` block) releases what is left.
     """
 
     def __init__(
@@ -29,8 +36,10 @@ class ReadAhead:
         k: int,
         window_bytes: int | None = None,
         priority: int = 0,
+        stats: Stats | None = None,
     ) -> None:
         self._engine = engine
+        self._stats = stats
         self._order = list(order)
         self._paths = [f"{b}/{key}" for b, key, _ in self._order]
         self._positions: dict[str, list[int]] = {}
@@ -66,16 +75,25 @@ class ReadAhead:
         """The order, as ``bucket/key`` paths."""
         return list(self._paths)
 
-    def opened(self, path: str) -> None:
-        """A reader opened ``path``: queue the ``k`` objects after it."""
+    def opened(self, path: str, ready: bool = True) -> None:
+        """A reader opened ``path``: queue the ``k`` objects after it (one more from now on
+        if it had to wait for this one, unless it is the first the reader opens)."""
         positions = self._positions.get(path)
         if not positions:
             return
         with self._lock:
             nth = bisect.bisect_right(positions, self._cursor)
             i = positions[min(nth, len(positions) - 1)]
+            deepen = not ready and self._cursor >= 0 and 0 < self.k < MAX_DEPTH
+            if deepen:
+                self.k += 1
             self._cursor = max(self._cursor, i)
-        self._schedule(i + 1, min(i + 1 + self.k, len(self._order)))
+            k = self.k
+        if deepen:
+            self._engine.add_worker()
+            if self._stats is not None:
+                self._stats.add("readahead_deepened")
+        self._schedule(i + 1, min(i + 1 + k, len(self._order)))
 
     def close(self) -> None:
         """Stop prefetching for this order; what it holds unread becomes evictable."""
