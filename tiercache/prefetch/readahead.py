@@ -1,5 +1,7 @@
-"""``ReadAhead``: a known read order; opening object i prefetches objects i+1..i+k, k growing
-while the reader has to wait."""
+"""``ReadAhead``: a known read order; opening object i prefetches i+1..i+k, k growing on waits.
+
+The depth grows by one each time the reader has to wait for an object.
+"""
 
 from __future__ import annotations
 
