@@ -2,7 +2,8 @@
 
 A fetch runs in its own thread so that it completes (and the entry is published) even when the
 reader that started it stops early. It holds the entry's inter-process lock for its whole
-life: other processes on the node wait for it and then find the published entry. The xxh3
+life: other processes on the node wait for it and then find the published entry (checked with
+a HEAD where the consistency mode wants bytes newer than that fetch's GET). The xxh3
 digest is computed while the bytes stream in (parts that arrive out of order are hashed from
 the file once the gap before them fills).
 
@@ -62,6 +63,10 @@ class FetchRequest:
     lock_timeout: float
     # Accept an entry another process published while we waited for its lock.
     accept_existing: Callable[[CachedEntry], bool]
+    # For an entry ``accept_existing`` refused (its GET began before this reader asked): ask
+    # the store whether it still holds those bytes (a HEAD); the entry, or None if it changed
+    # (the entry is dropped, and fetched anew). Called without the entry lock.
+    revalidate: Callable[[CachedEntry], CachedEntry | None] | None = None
     # Runs once the entry is published (or found published), before readers are told: the
     # shared tier's fetch copies the object into the local tier here.
     after_publish: Callable[[CachedEntry], None] | None = None
@@ -231,22 +236,7 @@ class Fetch:
     def _run(self) -> None:
         req = self.request
         try:
-            with self._tier.entry_lock(req.entry_id, req.lock_timeout) as paths:
-                existing = self._tier.lookup(req.entry_id, req.namespace, req.source)
-                if (
-                    existing is not None
-                    and self._tier.is_intact(existing)
-                    and req.accept_existing(existing)
-                ):
-                    self._stats.add("fetches_joined_other_process")
-                    entry = existing
-                else:
-                    self._paths = paths
-                    self._fd = self._tier.create_part(paths)
-                    try:
-                        entry = self._download_and_publish(paths)
-                    finally:
-                        os.close(self._fd)
+            entry = self._join_or_download()
         except BaseException as exc:
             if not isinstance(exc, BlockModeRequiredError):
                 self._stats.add("fetch_errors")
@@ -258,6 +248,37 @@ class Fetch:
             except Exception:  # the entry is published: a failed extra copy costs no read
                 self._stats.add("promotion_errors")
         self._finish(entry=entry)  # after the lock is released: waiters may evict at once
+
+    def _join_or_download(self) -> CachedEntry:
+        """The entry another process published while we waited for its lock, or our own.
+
+        An entry whose GET began before this reader opened the object is not fresh enough
+        for ``consistency="always"`` (nor one older than ``ttl``): rather than fetching the
+        whole object again, one waiter after the other under the lock, each waiter asks the
+        store whether the entry is still current (a HEAD, outside the lock: all at once).
+        """
+        req = self.request
+        revalidate = req.revalidate
+        while True:
+            with self._tier.entry_lock(req.entry_id, req.lock_timeout) as paths:
+                existing = self._tier.lookup(req.entry_id, req.namespace, req.source)
+                if existing is not None and not self._tier.is_intact(existing):
+                    existing = None
+                if existing is not None and req.accept_existing(existing):
+                    self._stats.add("fetches_joined_other_process")
+                    return existing
+                if existing is None or revalidate is None:
+                    self._paths = paths
+                    self._fd = self._tier.create_part(paths)
+                    try:
+                        return self._download_and_publish(paths)
+                    finally:
+                        os.close(self._fd)
+            current = revalidate(existing)
+            if current is not None:
+                self._stats.add("fetches_joined_other_process")
+                return current
+            revalidate = None  # the object changed: the next turn under the lock fetches it
 
     def _download_and_publish(self, paths: EntryPaths) -> CachedEntry:
         req = self.request

@@ -420,6 +420,9 @@ class ReadPath:
                 governor=self._streams if self._config.fetch_concurrency is None else None,
                 lock_timeout=self._config.lock_timeout,
                 accept_existing=self._acceptor(time.time()),
+                revalidate=functools.partial(
+                    self._validate, self._fill_tier, bucket=bucket, key=key
+                ),
                 after_publish=self._promoter() if promote else None,
                 block_threshold=self._config.block_threshold if by_blocks else None,
             )
