@@ -139,7 +139,8 @@ def _process(
     start.wait()
     digests = {p: xxhash.xxh3_128(fs.cat_file(p)).hexdigest() for p in paths}
     fs.wait_fetches()
-    out.put((digests, fs.stats()["store_requests"].get("GetObject", 0)))
+    stats = fs.stats()
+    out.put((digests, stats["store_requests"].get("GetObject", 0), stats["bytes_fetched"]))
 
 
 def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[str, Any]:
@@ -285,10 +286,14 @@ def _gets_per_object(
     results = [out.get(timeout=600) for _ in procs]
     for proc in procs:
         proc.join(timeout=60)
-    for digests, _ in results:
+    for digests, _, _ in results:
         if digests != expected:
             raise VerifyError("a racing process read wrong bytes")
-    return float(sum(gets for _, gets in results)) / len(names)
+    size = int(args.shard_mib * MiB)
+    return {
+        "gets_per_object": float(sum(gets for _, gets, _ in results)) / len(names),
+        "copies_per_object": float(sum(nbytes for _, _, nbytes in results)) / (size * len(names)),
+    }
 
 
 def print_report(result: dict[str, Any]) -> None:
@@ -305,7 +310,8 @@ def print_report(result: dict[str, Any]) -> None:
         print(f"  {name:<32} {ratio:5.2f}x")
     print(
         f"  GETs per object, {cfg['processes']} processes as {cfg['hosts']} hosts: "
-        f"{result['gets_per_object']:.2f}"
+        f"{result['gets_per_object']:.2f} (ranged GETs), copies fetched per object: "
+        f"{result['copies_per_object']:.2f} (1.00: each object crossed the link once)"
     )
     common.print_notes(result["notes"])
 

@@ -310,3 +310,42 @@ def test_a_write_that_does_not_fit_raises_tier_full(
     with pytest.raises(TierFullError), fs.open(f"{bucket}/big.bin", "wb") as f:
         f.write(os.urandom(12 * MiB))
     assert fs.pending() == []
+
+
+@pytest.mark.parametrize("older_pending", [False, True], ids=["first-version", "over-pending"])
+def test_a_commit_killed_after_publishing_is_in_the_next_flush(
+    s3: S3Endpoint, bucket: str, s3_client: Any, tmp_path: Path, older_pending: bool
+) -> None:
+    """The writer dies between publishing its dirty entry and installing its record: a fresh
+    process's flush must not return while the tier shows a version the store lacks."""
+    local_dir = str(tmp_path / "tier")
+    older = "v1 acknowledged" if older_pending else None
+    script = f"""
+import os
+import tiercache.write.state as state
+from tiercache import TierCacheFileSystem
+fs = TierCacheFileSystem(target_options={s3.target_options()!r}, local_dir={local_dir!r},
+    skip_instance_cache=True)
+if {older!r} is not None:
+    with fs.open({bucket + "/k.bin"!r}, "wb") as f:  # pending: uploads wait for quiet
+        f.write({older!r}.encode())
+real_install = state.install
+def die_before_the_record(tmp, path):
+    if path.endswith(".json"):
+        os._exit(9)
+    return real_install(tmp, path)
+state.install = die_before_the_record
+with fs.open({bucket + "/k.bin"!r}, "wb") as f:
+    f.write(b"v2 published, never acknowledged")
+"""
+    done = subprocess.run([sys.executable, "-c", script], timeout=60, check=False)
+    assert done.returncode == 9
+    fs = TierCacheFileSystem(
+        target_options=s3.target_options(), local_dir=local_dir, skip_instance_cache=True
+    )
+    assert fs.cat_file(f"{bucket}/k.bin") == b"v2 published, never acknowledged"
+    fs.flush(timeout=60)
+    assert _stored(s3_client, bucket, "k.bin") == b"v2 published, never acknowledged"
+    assert fs.pending() == []
+    journal = Path(local_dir) / "journal"
+    assert [p.name for p in journal.iterdir() if p.name.endswith(".tmp")] == []

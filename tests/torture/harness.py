@@ -7,7 +7,10 @@ local tier with worker processes that report every acknowledged write, delete, r
 flush, then flushes through a process that never touched the tier (or ``tiercache flush``)
 and checks the store and fresh filesystems on the tier against the contract (see
 ``torture_checker``). A round's keys are read once more at the end of the next round: a store
-that changes after a successful final flush lost a write too. Exit status 1 on any violation.
+that changes after a successful final flush lost a write too. After ``stream`` and ``kill``
+rounds, ``fsck`` runs on the tier (dead writers' multipart sidecars made older than their
+grace) and no multipart upload of the round may then be open in the bucket. Exit status 1 on
+any violation.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class Options:
     workdir: str | None = None  # default: a temporary directory, removed unless a round failed
     store: Store | None = None  # default: a private SeaweedFS server started here
     big: bool = True  # now and then a write over 16 MiB (a multipart upload)
+    lead: list[str] = field(default_factory=list)  # scenarios of the first rounds, in order
     stop_after: int = 0  # stop after this many failing rounds (0: never)
     time_limit: float = 0.0  # start no round after this many seconds (0: no limit)
     verbose: int = 0  # 1: a line per round, 2: and its whole history
@@ -68,6 +72,7 @@ class Summary:
     failed_rounds: list[int] = field(default_factory=list)
     notes: int = 0  # soft findings (see History.soft)
     seconds: float = 0.0
+    counters: Counter[str] = field(default_factory=Counter)  # multipart activity, all rounds
 
     @property
     def violations(self) -> int:
@@ -78,9 +83,14 @@ class Summary:
         kinds = " ".join(f"{k}={v}" for k, v in sorted(self.kinds.items()))
         failed = f" in {len(self.failed_rounds)} rounds ({kinds})" if self.violations else ""
         notes = f", {self.notes} notes" if self.notes else ""
+        multipart = ""
+        if self.counters:
+            multipart = "; multipart: " + " ".join(
+                f"{k}={v}" for k, v in sorted(self.counters.items())
+            )
         return (
             f"torture: {self.rounds} rounds, {self.violations} violations{failed}{notes} "
-            f"(scenario counts {counts}) seed={self.seed} {self.seconds:.0f}s"
+            f"(scenario counts {counts}) seed={self.seed} {self.seconds:.0f}s{multipart}"
         )
 
 
@@ -153,7 +163,10 @@ class Harness:
 
     def one_round(self, number: int) -> None:
         rng = random.Random(f"{self.options.seed}/{number}")
-        scenario = self.pick(rng)
+        scenario = self.pick(rng)  # always: a led round draws what ``--scenario`` replays
+        lead = self.options.lead
+        if 0 <= number - self.options.first_round < len(lead):
+            scenario = lead[number - self.options.first_round]
         endpoint = self.env.store.endpoint
         if scenario == "faults":
             if self.env.proxy is None:
@@ -174,6 +187,8 @@ class Harness:
         self.harness_errors = self.harness_errors + 1 if broken else 0
         self.summary.rounds += 1
         self.summary.scenarios[scenario] += 1
+        self.summary.counters.update(rnd.history.counters)
+        self.summary.counters.update(_upload_counters(rnd))
         self.recheck_previous()
         final = rnd.history.final
         if found:
@@ -184,9 +199,11 @@ class Harness:
             self.previous = None
         if self.options.verbose:
             outcome = f"{len(found)} violation(s)" if found else "ok"
+            multipart = _upload_counters(rnd) + rnd.history.counters
+            extra = "; " + " ".join(f"{k}={v}" for k, v in sorted(multipart.items()))
             self.options.out(
                 f"round {number} {scenario}: {outcome} in {time.monotonic() - started:.2f}s; "
-                f"{rnd.history.stats()}"
+                f"{rnd.history.stats()}{extra if multipart else ''}"
             )
             if self.options.verbose > 1:
                 self.options.out(rnd.history.describe([]))
@@ -231,11 +248,48 @@ class Harness:
         else:
             lines.append(f"  tier kept at {rnd.local_dir}")
         lines.append(f"  worker logs: {os.path.join(self.env.workdir, 'logs')}")
+        if rnd.uploads is not None:
+            lines.append(f"  multipart uploads check: {_describe_uploads(rnd.uploads)}")
+        led = 0 <= rnd.number - opts.first_round < len(opts.lead)
+        scenarios = rnd.scenario if led else ",".join(opts.scenarios)
         lines.append(
             f"  rerun: python tests/torture/harness.py --seed {opts.seed} "
-            f"--first-round {rnd.number} --rounds 1 --scenario {','.join(opts.scenarios)}"
+            f"--first-round {rnd.number} --rounds 1 --scenario {scenarios}"
         )
         opts.out("\n".join(lines))
+
+
+def _upload_counters(rnd: Round) -> Counter[str]:
+    """What the multipart uploads check of a round saw (empty when it did not run)."""
+    seen = rnd.uploads
+    if seen is None:
+        return Counter()
+    return Counter(
+        {
+            "open_before_fsck": len(seen["before"]),
+            "aborted_by_fsck": sum(p["multipart_aborted"] for p in seen["fsck"]),
+            "open_after_fsck": len(seen.get("open", [])),
+            "settle_passes": seen["passes"] - 1,  # waits for live owners to abort theirs
+        }
+    )
+
+
+def _describe_uploads(seen: dict[str, Any]) -> str:
+    before = [f"{u['key']} ...{u['upload_id'][-12:]} parts={u['parts']}" for u in seen["before"]]
+    sidecars = [
+        f"{row['name'][:12]}...{row['name'][64:]} upload=...{str(row.get('upload_id'))[-12:]} "
+        f"locked_by={row.get('locked_by')}"
+        for row in seen["sidecars_before"]
+    ]
+    passes = seen["fsck"]
+    aborted = sum(p["multipart_aborted"] for p in passes)
+    removed = sum(p["leftovers_removed"] for p in passes)
+    lost = sorted({name for p in passes for name in p["lost"]})
+    return (
+        f"open before fsck: {before or 'none'}; sidecars before fsck: {sidecars or 'none'}; "
+        f"fsck: {len(passes)} passes, {aborted} multipart aborted, {removed} leftovers removed"
+        f"{f', lost {lost}' if lost else ''}; still open: {len(seen.get('open', []))}"
+    )
 
 
 def _unsupported(options: Options) -> dict[str, str]:

@@ -50,6 +50,25 @@ def test_absent_only_without_an_acknowledged_operation_or_after_a_delete() -> No
     assert _history(_write("a", 1.0, 2.0), rm).allowed(P) == {ABSENT}
 
 
+def test_an_operation_that_never_began_never_takes_effect() -> None:
+    history = _history(_write("a", 1.0, 2.0), _write("k", None, None), _write("f", None, 3, "X"))
+    assert history.allowed(P) == {"a"}
+    assert _history(_write("k", None, None)).allowed(P) == {ABSENT}
+
+
+def test_a_dropped_write_must_never_land() -> None:
+    history = _history(_write("a", 1.0, 2.0))
+    history.add_dropped(_write("d", None, None))
+    history.record(("dropped", "d", 2.5, 3.0, 6_000_000, None))
+    history.final = _final("d")
+    kinds = [v.kind for v in history.check()]
+    assert kinds == ["dropped-write-landed"]
+    history.reads.append(ReadObs("w", P, 3.0, 3.5, "d"))
+    history.final = _final("a")
+    assert [v.kind for v in history.check()] == ["bad-read"]
+    assert "DROPPED" in history.describe([])
+
+
 def test_a_lost_write_and_a_diverging_tier_are_violations() -> None:
     history = _history(_write("a", 1.0, 2.0), _write("b", 3.0, 4.0))
     history.final = _final("a", tier="b")

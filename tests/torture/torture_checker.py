@@ -6,12 +6,16 @@ returned without error and its worker reported that; otherwise (killed, hung, ra
 *in doubt* and may take effect at any instant after it started. The version whose ``close()``
 returned last wins, so a key may end in the effect of an operation V exactly when no
 acknowledged operation W on the key started after V returned (an in-doubt V never
-returned); with no acknowledged operation at all it may also still be absent.
+returned); with no acknowledged operation at all it may also still be absent. An operation
+that never started (its writer was killed, or failed, before ``close()``/``rm``) never takes
+effect, and neither does a *dropped* write (an exception inside its ``with`` block), even
+when parts of it were sent to the store while it was written.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 from torture_workers import ABSENT, Message
@@ -97,14 +101,19 @@ class History:
         self.t0 = t0
         self.paths = paths
         self.ops: dict[str, Op] = {}
+        self.dropped: dict[str, Op] = {}  # writes dropped inside their ``with``: never land
         self.flushes: list[FlushObs] = []
         self.reads: list[ReadObs] = []
         self.notes: list[str] = []
         self.soft: list[str] = []  # findings reported, not counted as violations
+        self.counters: Counter[str] = Counter()  # what the workers' ``stats`` steps reported
         self.final: Final | None = None
 
     def add(self, op: Op) -> None:
         self.ops[op.uid] = op
+
+    def add_dropped(self, op: Op) -> None:
+        self.dropped[op.uid] = op
 
     def record(self, msg: Message) -> None:
         kind = msg[0]
@@ -120,6 +129,13 @@ class History:
             self.flushes.append(FlushObs(*msg[1:]))
         elif kind == "read":
             self.reads.append(ReadObs(*msg[1:]))
+        elif kind == "stats":
+            self.counters.update(msg[2])
+        elif kind == "dropped":
+            _, uid, start, ret, written, error = msg
+            op = self.dropped[uid]
+            op.start, op.ret, op.error = start, ret, error
+            op.digest = f"dropped after {written}B"
         else:
             self.notes.append(f"unexpected message {msg!r}")
 
@@ -138,6 +154,8 @@ class History:
         acked = [w for w in ops if w.acked and w.returned < acked_before]
         states = set() if acked else {ABSENT}
         for v in ops:
+            if v.start is None:
+                continue  # never closed (killed or failed before): nothing of it may land
             if not any(w.start is not None and w.start > v.returned for w in acked):
                 states.add(v.effect)
         return states
@@ -154,7 +172,16 @@ class History:
             if read.result == ABSENT or read.result.startswith("error:"):
                 continue
             op = self.ops.get(read.result)
-            if op is None or op.path != read.path:
+            if read.result in self.dropped:
+                found.append(
+                    Violation(
+                        "bad-read",
+                        f"{read.who} read {read.path} at {self.at(read.start)} and got "
+                        f"{read.result!r}, a write dropped inside its with block",
+                        [read.path],
+                    )
+                )
+            elif op is None or op.path != read.path:
                 found.append(
                     Violation(
                         "bad-read",
@@ -198,7 +225,18 @@ class History:
         for path in self.paths:
             stored = final.store.get(path, "?")
             allowed = self.allowed(path)
-            if stored not in allowed:
+            if stored in self.dropped:
+                drop = self.dropped[stored]
+                found.append(
+                    Violation(
+                        "dropped-write-landed",
+                        f"after the final flush the store holds {stored} at {path}: "
+                        f"{drop.who} dropped it inside its with block ({drop.digest}, "
+                        f"{drop.size}B body); allowed: {_names(allowed)}",
+                        [path],
+                    )
+                )
+            elif stored not in allowed:
                 found.append(
                     Violation(
                         "lost-write",
@@ -233,9 +271,11 @@ class History:
         acked = sum(o.acked for o in ops)
         began = sum(o.start is not None and not o.acked for o in ops)
         flushed = sum(f.ok for f in self.flushes)
+        dropped = f", {len(self.dropped)} dropped" if self.dropped else ""
         return (
-            f"{len(ops)} ops ({acked} acked, {len(ops) - acked} in doubt, {began} of them begun), "
-            f"flushes {flushed} ok/{len(self.flushes) - flushed} failed, {len(self.reads)} reads"
+            f"{len(ops)} ops ({acked} acked, {len(ops) - acked} in doubt, {began} of them begun"
+            f"{dropped}), flushes {flushed} ok/{len(self.flushes) - flushed} failed, "
+            f"{len(self.reads)} reads"
         )
 
     # -- the report --------------------------------------------------------------------------
@@ -247,16 +287,28 @@ class History:
         lines = []
         for path in paths or self.paths:
             lines.append(f"  history of {path} (times from the round's start):")
-            for op in self.ops_on(path):
-                if op.acked:
+            dropped = sorted(
+                (o for o in self.dropped.values() if o.path == path),
+                key=lambda o: (o.start if o.start is not None else o.sent, o.uid),
+            )
+            for op in [*self.ops_on(path), *dropped]:
+                if op.uid in self.dropped and op.ret is None:
+                    state = "NOT REPORTED (killed while writing what it was to drop)"
+                elif op.uid in self.dropped:
+                    state = f"DROPPED ({op.digest}; {op.error or 'as planned'})"
+                elif op.acked:
                     state = "acked"
+                elif op.start is None:
+                    state = f"NEVER CLOSED ({op.error or 'killed before close()'}): must not land"
                 elif op.error is not None:
                     state = f"IN DOUBT (raised {op.error})"
                 else:
                     state = "IN DOUBT (no return reported)"
                 what = f"{op.kind:5} {op.uid}"
-                if op.kind == "write":
+                if op.kind == "write" and op.uid not in self.dropped:
                     what += f" {op.size}B sha256={op.digest[:12] or '?'}"
+                elif op.kind == "write":
+                    what += f" {op.size}B"
                 lines.append(
                     f"    {op.who:8} {what:58} start {self.at(op.start):>11} "
                     f"return {self.at(op.ret):>11}  {state}"

@@ -18,6 +18,8 @@ from torture_workers import Message, Pool, Step, Worker
 KiB, MiB = 1024, 1024 * 1024
 FLUSH_TIMEOUT = 30.0  # a flush of a healthy store; a miss is reported, never waited out
 FINAL_FLUSH_TIMEOUT = 60.0
+SIDECAR_AGE = 60.0  # seconds the multipart sidecars are made older (reconcile's grace: 10)
+UPLOADS_SETTLE = 5.0  # seconds live processes get to abort uploads they no longer need
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,10 @@ class Round:
     history: History
     endpoint: str  # the endpoint tiercache is given: the server's, or a fault proxy's
     cli_share: float = 0.3  # how often the final flush is the ``tiercache flush`` CLI
+    check_uploads: bool = False  # after the final look: fsck, then no multipart upload open
     violations: list[Violation] = field(default_factory=list)
+    uploads: dict[str, Any] | None = None  # what the uploads check saw
+    workers: list[Worker] = field(default_factory=list)  # the writers it took
     _serial: int = 0
 
     @property
@@ -107,6 +112,29 @@ class Round:
         self.history.ops[uid].size = size  # the body's; ``begin`` reports the whole version's
         return {"do": "write", "path": path, "uid": uid, "size": size, "at": at, "flush": flush}
 
+    def chunked_write(
+        self,
+        who: str,
+        path: str,
+        size: int,
+        chunks: list[int],
+        pauses: list[float],
+        start_at: float | None = None,
+        flush: float | None = None,
+        drop_at: int | None = None,
+    ) -> Step:
+        """A write in ``chunks`` (sleeping ``pauses`` after each), opened at ``start_at``;
+        with ``drop_at`` dropped inside its ``with`` block after that many bytes."""
+        if drop_at is None:
+            step = self.write(who, path, flush=flush, size=size)
+        else:
+            self._serial += 1
+            uid = f"r{self.number}-{who}-{self._serial}-dropped"
+            op = Op(uid=uid, kind="write", path=path, who=who, sent=time.monotonic(), size=size)
+            self.history.add_dropped(op)
+            step = {"do": "write", "path": path, "uid": uid, "size": size, "drop_at": drop_at}
+        return {**step, "chunks": chunks, "pauses": pauses, "start_at": start_at}
+
     def rm(self, who: str, path: str, at: float | None = None, flush: float | None = None) -> Step:
         return {
             "do": "rm",
@@ -130,10 +158,16 @@ class Round:
 
     # -- driving workers -------------------------------------------------------------------
 
-    def writers(self, n: int) -> list[Worker]:
-        """``n`` writers with a filesystem on this round's tier."""
+    def writers(self, n: int, options: dict[str, Any] | None = None) -> list[Worker]:
+        """``n`` writers with a filesystem on this round's tier (built with ``options``)."""
         workers = self.env.pool.take(n)
-        cmd = {"op": "open", "local_dir": self.local_dir, "endpoint": self.endpoint}
+        self.workers += [w for w in workers if w not in self.workers]
+        cmd = {
+            "op": "open",
+            "local_dir": self.local_dir,
+            "endpoint": self.endpoint,
+            "options": dict(options or {}),
+        }
         self.run([(w, cmd) for w in workers], timeout=60)
         return workers
 
@@ -177,6 +211,7 @@ class Round:
         """A bound on how long a script may take: its waits plus generous slack."""
         waits = sum(
             float(s.get("flush") or s.get("timeout") or s.get("s") or 0)
+            + sum(s.get("pauses") or [])
             + (20.0 if s["do"] in ("write", "rm", "read") else 0.0)
             for s in steps
         )
@@ -218,7 +253,79 @@ class Round:
             journal=list(seen["journal"]),
         )
         self.history.final = final
+        if self.check_uploads:
+            self._check_uploads(final)
+            alive = [w for w in self.workers if not w.dead]  # their uploads are over by now
+            self.run([(w, self.script([{"do": "stats"}])) for w in alive], timeout=30)
         return final
+
+    def _check_uploads(self, final: Final) -> None:
+        """Once reconcile ran (``fsck`` from a fresh filesystem, every sidecar made older than
+        its grace), no multipart upload of this round may be open: a dropped, superseded or
+        finished upload was aborted or completed by its process, a dead writer's is aborted
+        from its sidecar. An upload with no part and no sidecar is the one a writer killed
+        between CreateMultipartUpload and writing its sidecar leaves (S3 cannot help that)."""
+        pool = self.env.pool
+        prefix = f"r{self.number:05d}/"
+        cmd = {
+            "op": "uploads",
+            "local_dir": self.local_dir,
+            "endpoint": self.endpoint,
+            "bucket": self.env.bucket,
+            "prefix": prefix,
+            "age": SIDECAR_AGE,
+            "settle": UPLOADS_SETTLE,
+        }
+        pool.take(0)
+        self.run([(pool.checker, cmd)], timeout=UPLOADS_SETTLE + 90)
+        if not pool.checker.results:
+            return  # the checker hung or died: already a violation
+        seen = pool.checker.results.pop()[1]
+        pool.checker.results.clear()
+        self.uploads = seen
+        found: list[Violation] = []
+        if seen["error"] is not None:
+            found.append(Violation("fsck-failed", seen["error"], list(self.history.paths)))
+        sidecars = {row.get("upload_id"): row for row in seen["sidecars"]}
+        for upload in seen.get("open", []):
+            path = f"{self.env.bucket}/{upload['key']}"
+            sidecar = sidecars.get(upload["upload_id"])
+            parts = upload["parts"]
+            what = (
+                f"multipart upload {upload['upload_id']} of {path} (initiated "
+                f"{upload['initiated']}, parts {parts or 'none'}) is still open after fsck "
+                f"({seen['passes']} passes over {seen['settled_s']:.1f}s: "
+                f"{_fsck_counts(seen['fsck'])}); open before fsck: {len(seen['before'])}; "
+                f"{self._sidecar_words(sidecar)}"
+            )
+            dropped = (d for d in self.history.dropped.values() if d.path == path)
+            killed = any(not o.acked for o in self.history.ops_on(path)) or any(
+                d.ret is None
+                for d in dropped  # killed while writing what it was to drop
+            )
+            if sidecar is None and not parts and killed:
+                self.history.soft.append(f"{what} (a writer killed before its sidecar?)")
+                continue
+            found.append(Violation("multipart-left-open", what, [path]))
+        if final.flush != "ok":  # live uploads may still be due: reported, not counted
+            self.history.soft += [f"{v.kind}: {v.message} (final flush failed)" for v in found]
+            return
+        self.violations += found
+
+    def _sidecar_words(self, sidecar: dict[str, Any] | None) -> str:
+        if sidecar is None:
+            return "no sidecar in the staging area names it"
+        owner_pid = sidecar["name"].split(".")[1] if sidecar["name"].count(".") >= 3 else "?"
+        names = self.env.pool.names
+        owner = names.get(int(owner_pid), "?") if owner_pid.isdigit() else "?"
+        locked = sidecar.get("locked_by")
+        held = (
+            "unlocked" if locked is None else f"locked by pid {locked} ({names.get(locked, '?')})"
+        )
+        return (
+            f"its sidecar staging/{sidecar['name']} (writer pid {owner_pid} = {owner}, "
+            f"{sidecar.get('age_s', '?')}s old after aging) is {held}"
+        )
 
     def _cli_flush(self) -> tuple[str, float]:
         exe = Path(sys.executable).with_name("tiercache")
@@ -248,3 +355,9 @@ class Round:
             return "ok", seconds
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         return f"exit {done.returncode}: {' | '.join(tail)}", seconds
+
+
+def _fsck_counts(passes: list[dict[str, Any]]) -> str:
+    aborted = sum(p["multipart_aborted"] for p in passes)
+    removed = sum(p["leftovers_removed"] for p in passes)
+    return f"{aborted} multipart aborted, {removed} leftovers removed"

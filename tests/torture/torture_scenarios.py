@@ -9,11 +9,13 @@ import time
 from collections.abc import Callable
 
 from torture_checker import Violation
-from torture_round import FLUSH_TIMEOUT, Round
+from torture_round import FLUSH_TIMEOUT, MiB, Round
 from torture_workers import Step, Worker
 
 CLOSE_LIMIT = 10.0  # seconds a write-behind close() may take while the store is frozen
 LEAD = 0.25  # seconds between sending a script and its aligned start
+# The writers of ``stream``: parts of 5 MiB go to the store while a file is written.
+STREAM_OPTIONS = {"part_size": 5 * MiB, "upload_while_writing": True}
 
 
 def overlap(rnd: Round) -> None:
@@ -78,6 +80,7 @@ def kill(rnd: Round) -> None:
     """2-4 processes on 2-3 keys; some are SIGKILLed before, during or after a close()."""
     rng = rnd.rng
     rnd.cli_share = 0.5
+    rnd.check_uploads = True  # a big write streams a part while written
     workers = rnd.writers(rng.randint(2, 4))
     paths = [rnd.path(i) for i in range(rng.randint(2, 3))]
     at = time.monotonic() + LEAD
@@ -193,11 +196,96 @@ def faults(rnd: Round) -> None:
         proxy.clear()
 
 
+def stream(rnd: Round) -> None:
+    """1-3 processes write 6-16 MiB to 1-2 keys in chunks, with pauses, so that 5 MiB parts go
+    to the store while they write; writers overlap on a key, some writes are dropped (raise
+    inside their ``with``), some writers are SIGKILLed while writing, in close() or after.
+    Then, besides the usual checks, no multipart upload may stay open once reconcile ran."""
+    rng = rnd.rng
+    rnd.cli_share = 0.5
+    rnd.check_uploads = True
+    workers = rnd.writers(rng.randint(1, 3), STREAM_OPTIONS)
+    paths = [rnd.path(i) for i in range(rng.randint(1, 2))]
+    at = time.monotonic() + LEAD
+    scripts = {w: _stream_steps(rnd, w.name, paths, rng.randint(1, 3), at) for w in workers}
+    kills: dict[str, float] = {}
+    kill_on_begin: dict[str, tuple[str, float]] = {}
+    if rng.random() < 0.6:
+        for victim in rng.sample(workers, rng.randint(1, len(workers))):
+            steps = scripts[victim]
+            closes = [s["uid"] for s in steps if s["do"] == "write" and "drop_at" not in s]
+            if closes and rng.random() < 0.35:  # in close(): right after it began
+                kill_on_begin[rng.choice(closes)] = (victim.name, rng.uniform(0, 0.02))
+            else:  # while writing (parts in flight), in close(), or after (uploads running)
+                kills[victim.name] = at + rng.uniform(0, 1.2 * _busy(steps) + 0.3)
+    rnd.start([(w, rnd.script(s)) for w, s in scripts.items()])
+    deadline = max(rnd.deadline_for(s) for s in scripts.values())
+    rnd.collect(workers, deadline, kills=kills, kill_on_begin=kill_on_begin)
+
+
+def _stream_steps(rnd: Round, who: str, paths: list[str], count: int, at: float) -> list[Step]:
+    """``count`` chunked writes of 6-16 MiB (some dropped), now and then a small write, a
+    delete, a read or a flush; the first opens its file at ``at``."""
+    rng = rnd.rng
+    steps: list[Step] = []
+    for i in range(count):
+        path = rng.choice(paths)
+        when = at if i == 0 else None
+        flush = FLUSH_TIMEOUT if rng.random() < 0.4 else None
+        roll = rng.random()
+        if roll < 0.1 and i > 0:  # a small version superseding a streamed one
+            steps.append(rnd.write(who, path, flush=flush))
+        elif roll < 0.15 and i > 0:
+            steps.append(rnd.rm(who, path, flush=flush))
+        else:
+            size = rng.randint(6 * MiB, 16 * MiB)
+            chunks, pauses = _chunk_plan(rnd, size)
+            drop_at = rng.randint(1 * MiB, size + 1024) if rng.random() < 0.2 else None
+            steps.append(
+                rnd.chunked_write(who, path, size, chunks, pauses, when, flush, drop_at=drop_at)
+            )
+        if rng.random() < 0.15:
+            steps.append(rnd.read(path))
+        if rng.random() < 0.3:
+            steps.append(rnd.sleep(rng.uniform(0, 0.2)))
+    return steps
+
+
+def _chunk_plan(rnd: Round, size: int) -> tuple[list[int], list[float]]:
+    """Writes of 256 KiB-2 MiB covering ``size`` bytes (and the version's header), a short
+    sleep after about a third of them."""
+    rng = rnd.rng
+    chunks: list[int] = []
+    pauses: list[float] = []
+    total = 0
+    while total < size + 1024:
+        chunks.append(rng.randint(256 * 1024, 2 * MiB))
+        pauses.append(rng.uniform(0.005, 0.06) if rng.random() < 0.35 else 0.0)
+        total += chunks[-1]
+    return chunks, pauses
+
+
+def _busy(steps: list[Step]) -> float:
+    """About how long a script runs, flushes aside: its sleeps and pauses, a bit per write."""
+    return sum(
+        float(s.get("s") or 0) + sum(s.get("pauses") or []) + (0.15 if s["do"] == "write" else 0)
+        for s in steps
+    )
+
+
 SCENARIOS: dict[str, Callable[[Round], None]] = {
     "overlap": overlap,
     "threads": threads,
     "kill": kill,
     "freeze": freeze,
     "faults": faults,
+    "stream": stream,
 }
-WEIGHTS = {"overlap": 6.0, "threads": 1.0, "kill": 1.2, "freeze": 0.8, "faults": 1.0}
+WEIGHTS = {
+    "overlap": 6.0,
+    "threads": 1.0,
+    "kill": 1.2,
+    "freeze": 0.8,
+    "faults": 1.0,
+    "stream": 1.5,
+}

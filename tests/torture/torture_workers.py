@@ -3,10 +3,14 @@ command and report every step, with CLOCK_MONOTONIC times, back through a pipe.
 
 A worker runs one command at a time: ``open`` (build the filesystem of a round), ``script``
 (steps one after another), ``threads`` (several scripts at once on one filesystem), ``check``
-(the final look at a local tier through fresh filesystems) or ``exit``. Steps report as they
-happen, so a worker the harness SIGKILLs has already reported what it acknowledged; a step
-whose ``begin`` arrived without its ``done`` is in doubt. Every version written is
-self-describing (see ``make_content``), so whoever reads it can name it and verify it.
+(the final look at a local tier through fresh filesystems), ``uploads`` (``fsck``, then the
+multipart uploads still open in the store) or ``exit``. A write step may write in ``chunks``
+with ``pauses`` (so parts are streamed while it writes), and with ``drop_at`` raises inside
+its ``with`` block after that many bytes: a dropped write, reported as ``dropped``. Steps
+report as they happen, so a worker the harness SIGKILLs has already reported what it
+acknowledged; a step whose ``begin`` arrived without its ``done`` is in doubt. Every version
+written is self-describing (see ``make_content``), so whoever reads it can name it and
+verify it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import gc
 import glob
 import hashlib
 import itertools
+import json
 import logging
 import os
 import signal
@@ -74,6 +79,7 @@ class _Worker:
         self.fs: Any = None
         self._send_lock = threading.Lock()
         self._s3: Any = None
+        self.streamed_parts = 0  # parts sent while their file was written, since ``open``
 
     def send(self, msg: Message) -> None:
         with self._send_lock:
@@ -134,17 +140,40 @@ class _Worker:
     def step_sleep(self, step: Step, who: str) -> None:
         time.sleep(step["s"])
 
+    def step_stats(self, step: Step, who: str) -> None:
+        """Report how much went through multipart uploads on this round's filesystem."""
+        stats = self.fs.stats()
+        requests = stats.get("store_requests", {})
+        counters = {
+            "parts_streamed_before_close": self.streamed_parts,
+            "uploads_streamed": stats.get("uploads_streamed", 0),
+            "streams_restarted": stats.get("streams_restarted", 0),
+            "multipart_created": requests.get("CreateMultipartUpload", 0),
+            "multipart_aborted": requests.get("AbortMultipartUpload", 0),
+        }
+        self.send(("stats", who, counters))
+
     def step_write(self, step: Step, who: str) -> None:
         uid = step["uid"]
         data = make_content(uid, step["size"])
         digest = hashlib.sha256(data).hexdigest()
+        if step.get("drop_at") is not None:
+            self._dropped_write(step, data)
+            return
+        f = None
         try:
+            _sleep_until(step.get("start_at"))
             f = self.fs.open(step["path"], "wb")
-            f.write(data)
+            _write_chunks(f, data, step)
         except Exception as exc:  # never got to close(): reported as failed, not begun
+            if f is not None:
+                _discard(f)
             self.send(("done", uid, None, time.monotonic(), _describe(exc)))
             return
         _sleep_until(step.get("at"))
+        # Parts already handed to a multipart upload while the file was written (a look at
+        # tiercache's internals, for the round's counters only).
+        self.streamed_parts += getattr(getattr(f, "_stream", None), "streamed_parts", 0) or 0
         start = time.monotonic()
         self.send(("begin", uid, start, digest, len(data)))
         error = None
@@ -155,6 +184,22 @@ class _Worker:
         self.send(("done", uid, start, time.monotonic(), error))
         if step.get("flush") is not None:
             self.step_flush({"path": step["path"], "timeout": step["flush"]}, who)
+
+    def _dropped_write(self, step: Step, data: bytes) -> None:
+        """Write the first ``drop_at`` bytes in chunks, then raise inside the ``with``: the
+        file is discarded, and nothing of it (streamed parts included) may ever land."""
+        _sleep_until(step.get("start_at"))
+        start = time.monotonic()
+        written, error = 0, None
+        try:
+            with self.fs.open(step["path"], "wb") as f:
+                written = _write_chunks(f, data, step, stop_at=step["drop_at"])
+                raise _DroppedError
+        except _DroppedError:
+            pass
+        except Exception as exc:  # failed on its own: not committed either
+            error = _describe(exc)
+        self.send(("dropped", step["uid"], start, time.monotonic(), written, error))
 
     def step_rm(self, step: Step, who: str) -> None:
         uid = step["uid"]
@@ -201,6 +246,7 @@ class _Worker:
         op = cmd["op"]
         if op == "open":
             self.drop()
+            self.streamed_parts = 0
             self.fs = self.build(cmd["local_dir"], cmd["endpoint"], **cmd.get("options", {}))
         elif op == "drop":
             self.drop()
@@ -210,6 +256,8 @@ class _Worker:
             self.run_threads(cmd["scripts"])
         elif op == "check":
             self.send(("check", self.check(cmd)))
+        elif op == "uploads":
+            self.send(("check", self.uploads(cmd)))
         else:
             raise ValueError(f"unknown command {op!r}")
 
@@ -260,6 +308,155 @@ class _Worker:
         )
         return result
 
+    def uploads(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Make the tier's multipart sidecars look old (reconcile spares younger ones: their
+        writer may not hold its lock yet), ``fsck`` from a fresh filesystem, and list the
+        multipart uploads still open under ``prefix``; again for ``settle`` seconds while a
+        sidecar names one of them (a live process aborts the uploads it no longer needs on
+        its next scan; an upload no sidecar names has no owner left to abort it)."""
+        local_dir, bucket, prefix = cmd["local_dir"], cmd["bucket"], cmd["prefix"]
+        staging = os.path.join(os.path.realpath(local_dir), "staging")
+        result: dict[str, Any] = {"error": None, "fsck": [], "passes": 0}
+        self.drop()
+        result["before"] = self.open_uploads(bucket, prefix)
+        result["sidecars_before"] = _sidecars(staging)
+        fs = self.build(local_dir, cmd["endpoint"])
+        start = time.monotonic()
+        deadline = start + cmd["settle"]
+        while True:
+            result["passes"] += 1
+            _age_sidecars(staging, cmd["age"])
+            try:
+                report = fs.fsck(scrub=cmd.get("scrub", False))
+            except Exception:
+                result["error"] = traceback.format_exc()
+                break
+            keep = ("multipart_aborted", "leftovers_removed", "lost", "repaired", "corrupt_evicted")
+            result["fsck"].append({k: report[k] for k in keep})
+            result["open"] = self.open_uploads(bucket, prefix)
+            named = {row.get("upload_id") for row in _sidecars(staging)}
+            if not any(u["upload_id"] in named for u in result["open"]):
+                break  # only a sidecar's owner (alive: it holds the lock) may still abort one
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        result["settled_s"] = time.monotonic() - start
+        result["sidecars"] = _sidecars(staging)
+        del fs
+        self.drop()
+        return result
+
+    def open_uploads(self, bucket: str, prefix: str) -> list[dict[str, Any]]:
+        """The multipart uploads open under ``bucket/prefix``, with their parts."""
+        self.stored(f"{bucket}/")  # builds the client
+        s3 = self._s3
+        found = []
+        pages = s3.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=prefix)
+        for page in pages:
+            for upload in page.get("Uploads", []):
+                key, upload_id = upload["Key"], upload["UploadId"]
+                try:
+                    listed = s3.list_parts(Bucket=bucket, Key=key, UploadId=upload_id)
+                    parts = [(p["PartNumber"], p["Size"]) for p in listed.get("Parts", [])]
+                except Exception as exc:  # gone meanwhile (or the listing failed)
+                    parts = [(-1, _describe(exc))]
+                initiated = upload.get("Initiated")
+                found.append(
+                    {
+                        "key": key,
+                        "upload_id": upload_id,
+                        "initiated": initiated.isoformat() if initiated is not None else "?",
+                        "parts": parts,
+                    }
+                )
+        return found
+
+
+def _sidecars(staging: str) -> list[dict[str, Any]]:
+    """The multipart sidecars in a staging area: what each names, and who holds its lock."""
+    holders = _flock_holders()
+    found = []
+    for path in sorted(glob.glob(os.path.join(staging, "*.mpu"))):
+        row: dict[str, Any] = {"name": os.path.basename(path)}
+        try:
+            with open(path, "rb") as f:
+                row |= json.loads(f.read() or b"{}")
+                st = os.fstat(f.fileno())
+                row["age_s"] = round(time.time() - st.st_mtime, 1)
+                row["locked_by"] = holders.get(
+                    (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+                )
+        except (OSError, ValueError) as exc:
+            row["error"] = _describe(exc)
+        found.append(row)
+    return found
+
+
+def _flock_holders() -> dict[tuple[int, int, int], int]:
+    """(device major, minor, inode) -> pid of each FLOCK lock held (``/proc/locks``)."""
+    holders = {}
+    try:
+        with open("/proc/locks") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return holders
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 6 or fields[1] != "FLOCK" or fields[0].endswith("->"):
+            continue
+        try:
+            major, minor, inode = fields[5].split(":")
+            holders[(int(major, 16), int(minor, 16), int(inode))] = int(fields[4])
+        except ValueError:
+            continue
+    return holders
+
+
+def _age_sidecars(staging: str, seconds: float) -> None:
+    """Move every sidecar's mtime ``seconds`` back (reconcile's grace is about its age)."""
+    then = time.time() - seconds
+    for path in glob.glob(os.path.join(staging, "*.mpu")):
+        try:
+            os.utime(path, (then, then))
+        except OSError:
+            pass  # removed meanwhile
+
+
+class _DroppedError(Exception):
+    """Raised inside a ``with`` block on purpose: the write is dropped."""
+
+
+def _write_chunks(f: Any, data: bytes, step: Step, stop_at: int | None = None) -> int:
+    """Write ``data`` (or its first ``stop_at`` bytes) in the step's ``chunks``, sleeping its
+    ``pauses`` after each; without chunks in one write. Returns the bytes written."""
+    end = len(data) if stop_at is None else min(stop_at, len(data))
+    chunks = step.get("chunks") or [end]
+    pauses = step.get("pauses") or [0.0] * len(chunks)
+    view = memoryview(data)
+    done = 0
+    for size, pause in zip(chunks, pauses, strict=True):
+        if done >= end:
+            break
+        n = min(size, end - done)
+        f.write(view[done : done + n])
+        done += n
+        if pause:
+            time.sleep(pause)
+    if done < end:
+        f.write(view[done:end])
+        done = end
+    return done
+
+
+def _discard(f: Any) -> None:
+    """Close a file that must not be committed (its write failed)."""
+    try:
+        discard = getattr(f, "discard", None)
+        if discard is not None:
+            discard()
+    except Exception:
+        pass
+
 
 def _read(fs: Any, path: str) -> str:
     try:
@@ -284,7 +481,8 @@ def worker_main(conn: Connection, name: str, store: dict[str, str], log_path: st
     """The child's loop: one command at a time, each answered by ``("end", id, error)``."""
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 2)
-    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s {name} %(name)s %(message)s")
+    level = os.environ.get("TIERCACHE_TORTURE_LOG", "WARNING").upper()  # DEBUG: tiercache's
+    logging.basicConfig(level=level, format=f"%(asctime)s {name} %(name)s %(message)s")
     worker = _Worker(conn, name, store)
     worker.send(("ready", name, os.getpid()))
     while True:
@@ -341,6 +539,7 @@ class Pool:
         self._log_dir = log_dir
         self._serial = 0
         self.writers: list[Worker] = []
+        self.names: dict[int, str] = {}  # pid -> name of every worker started
         self.checker = self._spawn("chk")
 
     def _spawn(self, name: str) -> Worker:
@@ -353,6 +552,8 @@ class Pool:
         )
         proc.start()
         child.close()
+        if proc.pid is not None:
+            self.names[proc.pid] = f"{name}-{self._serial}"  # as its log file
         return Worker(name, proc, parent)
 
     def take(self, n: int) -> list[Worker]:

@@ -50,8 +50,10 @@ class ReconcileReport:
 
 
 def reconcile_journal(state: WriteState, report: ReconcileReport | None = None) -> ReconcileReport:
-    """Repair or report records that are torn or whose bytes are gone."""
+    """Journal what commits killed mid-way published; repair or report records that are torn
+    or whose bytes are gone."""
     report = report if report is not None else ReconcileReport()
+    _adopt_interrupted_commits(state, report)
     for entry_id in state.record_ids():
         record = state.get(entry_id)
         if record is not None and (
@@ -83,6 +85,30 @@ def reconcile_journal(state: WriteState, report: ReconcileReport | None = None) 
                 log.error("pending write of %s is lost: %s", lost.name, lost.error)
                 report.lost.append(lost.name)
     return report
+
+
+def _adopt_interrupted_commits(state: WriteState, report: ReconcileReport) -> None:
+    """A commit killed after it published its dirty entry and before it installed its record
+    leaves the record's temp file: the entry shows a version no record names (newer than the
+    record, if any). Journal it, so that ``flush`` and ``pending`` see it: a write whose
+    ``close()`` never returned may land or not, but never after a flush said all was done."""
+    for name in os.listdir(state.dir):
+        if not (name.endswith(".tmp") and name[64:70] == ".json." and _is_hex(name[:64])):
+            continue
+        entry_id = name[:64]
+        with state.tier.entry_lock(entry_id, state.lock_timeout) as paths:
+            # Under the entry lock no commit runs: the temp file is a dead one's.
+            remove_file(os.path.join(state.dir, name))
+            entry = read_meta(paths.meta)
+            if entry is None or entry.state != "dirty":
+                continue
+            record = state.get(entry_id)
+            if record is None or record.generation < entry.generation:
+                _report(adopt_entry(state, paths, entry), report)
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text)
 
 
 def _rebuild_torn(state: WriteState, entry_id: str, entry: Any, report: ReconcileReport) -> None:
