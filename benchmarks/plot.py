@@ -258,9 +258,10 @@ def shared_chart(result: Result, path: Path) -> None:
         f"({params['chunk_mib']:g} MiB reads, median of {params['repeat']})"
     )
     note = (
-        f"GETs per object when {params['processes']} processes as {params['hosts']} hosts read "
-        f"every shard from an empty shared tier at once: {result['gets_per_object']:.2f} "
-        "(1.00 = each object fetched once)"
+        f"copies fetched per object when {params['processes']} processes as {params['hosts']} "
+        f"hosts read every shard from an empty shared tier at once: "
+        f"{result.get('copies_per_object', result['gets_per_object']):.2f} "
+        "(1.00 = each object crossed the link once)"
     )
     fill = result.get("fill_from_store_mib_s")
     if fill:

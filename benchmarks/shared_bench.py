@@ -38,9 +38,11 @@ NOTES = (
     "shard into that host's local tier (the price of the first read; later reads are local); "
     "its baseline plain_copy_then_read copies each plain file on the same filesystem "
     "(shutil.copyfile) and reads the copy.",
-    "gets_per_object: N processes as H hosts (own host_id and local tier each host) read "
-    "every shard from an empty shared tier at once; GETs summed from every process's "
-    "store counters, divided by the shard count (1.0 = each object fetched once).",
+    "copies_per_object (and gets_per_object, ranged GETs, several per fetch on a slow link): "
+    "N processes as H hosts (own host_id and local tier each host) read "
+    "every shard from an empty shared tier at once; bytes fetched (and GETs) summed from "
+    "every process's counters, divided by the shard count and size (1.0 = each object "
+    "crossed the link once).",
     "fill_from_store_mib_s: the first host's reads of every shard from the store into an "
     "empty shared tier (cat_file, then wait_fetches), median over --repeat.",
     "--store-profile runs every request to the store (the fill, the racing processes) "
@@ -228,7 +230,7 @@ def benchmark_through(
                 samples[f"l2_{policy}"].append(elapsed)
         total = args.shards * size
         throughput = {k: total / MiB / statistics.median(v) for k, v in samples.items()}
-        gets = _gets_per_object(args, endpoint, work, names, expected)
+        race = _race(args, endpoint, work, names, expected)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {
@@ -250,18 +252,19 @@ def benchmark_through(
             "l2_promote_vs_plain_copy_then_read": throughput["l2_promote"]
             / throughput["plain_copy_then_read"],
         },
-        "gets_per_object": gets,
+        **race,
         "notes": list(NOTES),
     }
 
 
-def _gets_per_object(
+def _race(
     args: argparse.Namespace,
     endpoint: Endpoint,
     work: Path,
     names: list[str],
     expected: dict[str, str],
-) -> float:
+) -> dict[str, float]:
+    """N processes as H hosts read every shard at once: GETs and copies per object."""
     ctx = multiprocessing.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
     shared = str(work / "shared-race")
