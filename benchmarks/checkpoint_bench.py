@@ -560,7 +560,10 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[s
     bucket = f"tiercache-ckpt-{uuid.uuid4().hex[:12]}"
     direct.create_bucket(Bucket=bucket)
     try:
-        with common.remote_store(endpoint, args.store_profile) as (store, profile):
+        with common.remote_store(endpoint, args.store_profile, args.store_cores) as (
+            store,
+            profile,
+        ):
             store_client = common.make_client(store, pool=pool)
             ctx = Context(args, store, direct, store_client, bucket, files, tmp)
             return benchmark_through(ctx, profile)

@@ -108,7 +108,8 @@ STORE_PROFILES = ("loopback", "s3-region", "cross-region")
 
 
 def add_store_profile_arg(p: argparse.ArgumentParser) -> None:
-    """--store-profile: the emulated remote store (scripts/remote_store.py) to run through."""
+    """--store-profile: the emulated remote store (scripts/remote_store.py) to run through,
+    and --store-cores: the cores it keeps to itself."""
     p.add_argument(
         "--store-profile",
         choices=STORE_PROFILES,
@@ -116,6 +117,35 @@ def add_store_profile_arg(p: argparse.ArgumentParser) -> None:
         help="run every mode through the remote-store emulator with this profile "
         "(default loopback: straight to the server)",
     )
+    p.add_argument(
+        "--store-cores",
+        type=int,
+        default=0,
+        help="with a remote profile, the S3 server and the emulator run on this many cores of "
+        "their own (the last ones) and the benchmark on the others, as a remote store's CPU "
+        "is not the client's (default 0: everything shares every core)",
+    )
+
+
+def isolate_store(endpoint: Endpoint, cores: int | None) -> dict[str, Any]:
+    """Pin the server and the emulator (every thread) to the last ``cores`` cores and this
+    process to the rest; what was done, for the JSON."""
+    available = sorted(os.sched_getaffinity(0))
+    if cores is None or cores <= 0 or cores >= len(available):
+        return {"store_cores": [], "client_cores": available}
+    store, client = set(available[-cores:]), set(available[:-cores])
+    for pid in (endpoint.server_pid, endpoint.proxy_pid):
+        if pid is not None:
+            _pin_all_threads(pid, store)
+    _pin_all_threads(os.getpid(), client)
+    return {"store_cores": sorted(store), "client_cores": sorted(client)}
+
+
+def _pin_all_threads(pid: int, cores: set[int]) -> None:
+    """sched_setaffinity applies to one thread; threads created later inherit their creator's."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(tid), cores)
 
 
 def store_profile(name: str) -> dict[str, Any]:
@@ -130,18 +160,29 @@ def describe_profile(profile: dict[str, Any]) -> str:
     """One line: the profile's name and what it emulates."""
     if not any(profile[k] for k in ("latency_s", "conn_bps", "total_bps", "error_rate")):
         return f"store profile {profile['name']}: straight to the server, nothing emulated"
+    split = profile.get("cpu_split") or {}
+    cores = (
+        f"; server and emulator on core(s) {split['store_cores']}, benchmark on "
+        f"{split['client_cores']}"
+        if split.get("store_cores")
+        else "; server, emulator and benchmark share every core"
+    )
     return (
         f"store profile {profile['name']}: {profile['latency_s'] * 1000:g} ms per request, "
         f"{profile['conn_bps'] / MiB:g} MiB/s per connection, {profile['total_bps'] / MiB:g} "
-        f"MiB/s in all (0 = unlimited), error rate {profile['error_rate']:g}"
+        f"MiB/s in all (0 = unlimited), error rate {profile['error_rate']:g}{cores}"
     )
 
 
 @contextlib.contextmanager
-def remote_store(endpoint: Endpoint, profile: str) -> Iterator[tuple[Endpoint, dict[str, Any]]]:
+def remote_store(
+    endpoint: Endpoint, profile: str, store_cores: int | None = None
+) -> Iterator[tuple[Endpoint, dict[str, Any]]]:
     """The endpoint as seen through the emulator (its own process), and the profile's numbers.
 
-    For ``loopback`` no proxy runs and the endpoint is returned unchanged.
+    For ``loopback`` no proxy runs and the endpoint is returned unchanged. Otherwise the server
+    (when started here) and the emulator get ``store_cores`` cores of their own (see
+    ``isolate_store``; 0: they share every core with the benchmark).
     """
     sys.path.insert(0, str(REPO / "scripts"))
     import remote_store as rs
@@ -149,7 +190,10 @@ def remote_store(endpoint: Endpoint, profile: str) -> Iterator[tuple[Endpoint, d
     params = store_profile(profile)
     with rs.spawn(endpoint.url, profile) as spawned:
         params["url"] = spawned.url
-        yield dataclasses.replace(endpoint, url=spawned.url, proxy_pid=spawned.pid), params
+        proxied = dataclasses.replace(endpoint, url=spawned.url, proxy_pid=spawned.pid)
+        if profile != "loopback" and store_cores != 0 and endpoint.started_here:
+            params["cpu_split"] = isolate_store(proxied, store_cores)
+        yield proxied, params
 
 
 def make_client(endpoint: Endpoint, pool: int = 16) -> Any:

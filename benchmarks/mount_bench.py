@@ -245,7 +245,10 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[s
     dataset = build_dataset(direct, args, tmp)
     try:
         warm_up(direct, dataset)
-        with common.remote_store(endpoint, args.store_profile) as (store, profile):
+        with common.remote_store(endpoint, args.store_profile, args.store_cores) as (
+            store,
+            profile,
+        ):
             return benchmark_through(args, store, profile, dataset, tmp)
     finally:
         if not endpoint.started_here:

@@ -556,7 +556,10 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[s
     direct = common.make_client(endpoint)
     dataset = build_dataset(direct, args, tmp)
     try:
-        with common.remote_store(endpoint, args.store_profile) as (store, profile):
+        with common.remote_store(endpoint, args.store_profile, args.store_cores) as (
+            store,
+            profile,
+        ):
             return benchmark_through(args, store, profile, dataset, tmp, direct)
     finally:
         if not endpoint.started_here:

@@ -150,7 +150,10 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[s
     bucket = f"tc-shared-bench-{os.getpid()}"
     client.create_bucket(Bucket=bucket)
     try:
-        with common.remote_store(endpoint, args.store_profile) as (store, profile):
+        with common.remote_store(endpoint, args.store_profile, args.store_cores) as (
+            store,
+            profile,
+        ):
             return benchmark_through(args, store, profile, client, bucket, tmp)
     finally:
         pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket)

@@ -356,7 +356,10 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[s
     ds = Dataset(bucket, upload(direct, bucket, "train", args.shards, int(args.shard_mib * MiB)))
     read_stream(direct, ds, ds.shards)  # untimed warm-up: every mode sees the same server state
     try:
-        with common.remote_store(endpoint, args.store_profile) as (store, profile):
+        with common.remote_store(endpoint, args.store_profile, args.store_cores) as (
+            store,
+            profile,
+        ):
             return benchmark_through(args, store, profile, ds, tmp, direct)
     finally:
         delete_bucket(direct, bucket, [s.key for s in ds.shards])

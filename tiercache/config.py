@@ -22,6 +22,7 @@ from tiercache.errors import ConfigError
 Consistency = Literal["immutable", "ttl", "always"]
 WriteMode = Literal["behind", "through"]
 Verify = Literal["first", "always", "reboot"]
+UploadWhileWriting = Literal["on", "off"]
 SharedPolicy = Literal["promote", "serve"]
 SharedAuth = Literal["store", "trust"]
 
@@ -79,10 +80,12 @@ class TierCacheConfig:
             learned from the link, up to ``MAX_PARTS_IN_FLIGHT``: parts are added while each
             still gets most of the best rate seen, and a store that takes one part fast gets
             two at a time. A number: exactly that many.
-        upload_while_writing: in ``write_mode="behind"``, send a large file's parts while it
-            is still being written (completed only after ``close()`` has journaled it), so
-            the upload ends about when the writing does. Objects uploaded so carry no
-            ``tiercache-xxh3`` metadata (S3 fixes metadata when the upload begins).
+        upload_while_writing: ``on`` (default): in ``write_mode="behind"``, a large file's
+            full parts go to the store as soon as they are written (the upload is completed
+            only after ``close()`` has journaled the file), so the upload ends about when the
+            writing does; they carry no ``tiercache-xxh3`` metadata (S3 fixes metadata when
+            an upload begins). ``off``: uploads start after ``close()``. True/False read as
+            on/off.
         part_size: bytes per multipart-upload part.
         range_size: bytes per ranged GET when a fetch runs several (AWS's guidance: 8-16 MB).
         lock_timeout: seconds to wait for a fetch held by another process before failing.
@@ -151,7 +154,7 @@ class TierCacheConfig:
     ttl: float = 60.0
     fetch_concurrency: int | None = None
     upload_concurrency: int | None = None
-    upload_while_writing: bool = True
+    upload_while_writing: UploadWhileWriting = "on"
     part_size: int = 16 * MiB
     range_size: int = 8 * MiB
     lock_timeout: float = 300.0
@@ -199,9 +202,12 @@ class TierCacheConfig:
             _require_int("fetch_concurrency", self.fetch_concurrency, minimum=1, maximum=64)
         if self.upload_concurrency is not None:
             _require_int("upload_concurrency", self.upload_concurrency, minimum=1, maximum=64)
-        if not isinstance(self.upload_while_writing, bool):
+        if isinstance(self.upload_while_writing, bool):  # True/False read as on/off
+            spelled = "on" if self.upload_while_writing else "off"
+            object.__setattr__(self, "upload_while_writing", spelled)
+        if self.upload_while_writing not in get_args(UploadWhileWriting):
             raise ConfigError(
-                f"upload_while_writing must be true or false, got {self.upload_while_writing!r}"
+                f"upload_while_writing must be on or off, got {self.upload_while_writing!r}"
             )
         _require_int("part_size", self.part_size, minimum=5 * MiB, maximum=5 * GiB)
         _require_int("range_size", self.range_size, minimum=64 * 1024, maximum=5 * GiB)
@@ -338,7 +344,7 @@ def dir_mode_for(file_mode: int) -> int:
 # How a string from the environment, the config file or a flag becomes each option's value:
 # the one table of option kinds. Every field must appear (checked at import below), so a new
 # option cannot silently pass its string through unparsed.
-OptionKind = Literal["size", "int", "float", "mode", "path", "choice", "text", "bool"]
+OptionKind = Literal["size", "int", "float", "mode", "path", "choice", "text"]
 OPTION_KINDS: Mapping[str, OptionKind] = MappingProxyType(
     {
         "local_dir": "path",
@@ -347,7 +353,7 @@ OPTION_KINDS: Mapping[str, OptionKind] = MappingProxyType(
         "ttl": "float",
         "fetch_concurrency": "int",
         "upload_concurrency": "int",
-        "upload_while_writing": "bool",
+        "upload_while_writing": "choice",
         "part_size": "size",
         "range_size": "size",
         "lock_timeout": "float",
@@ -398,10 +404,6 @@ def _check_option_kinds() -> None:
 _check_option_kinds()
 
 
-_BOOLS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False}
-_BOOLS |= {"no": False, "off": False}
-
-
 def _coerce(name: str, value: Any, source: str | None = None) -> Any:
     """Turn strings from the environment, the config file or flags into the field's type;
     ``__post_init__`` then checks the range."""
@@ -413,11 +415,6 @@ def _coerce(name: str, value: Any, source: str | None = None) -> Any:
         return os.fspath(value) if isinstance(value, os.PathLike) else value
     if not isinstance(value, str) or kind in ("choice", "text"):
         return value
-    if kind == "bool":
-        flag = _BOOLS.get(value.strip().lower())
-        if flag is None:
-            raise ConfigError(f"{label} must be true or false, got {value!r}")
-        return flag
     try:
         if kind == "mode":
             return int(value, 8)

@@ -193,7 +193,7 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
                 commit: Committer = self._runtime.write_behind
                 self._runtime.uploader.writer_opened()
                 on_close = self._runtime.uploader.writer_closed
-                if self.config.upload_while_writing:
+                if self.config.upload_while_writing != "off":
                     stream = self._runtime.uploader.streamer(bucket, key)
             else:
                 commit = self._runtime.write_through

@@ -24,6 +24,7 @@ def _fs(s3: S3Endpoint, local_dir: Path) -> TierCacheFileSystem:
         local_dir=str(local_dir),
         skip_instance_cache=True,
         part_size=PART,
+        upload_while_writing="on",
     )
 
 
@@ -85,7 +86,7 @@ import os, signal, sys, time
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from tiercache import TierCacheFileSystem
 fs = TierCacheFileSystem(target_options={s3.target_options()!r}, local_dir={str(local_dir)!r},
-    skip_instance_cache=True, part_size={PART})
+    skip_instance_cache=True, part_size={PART}, upload_while_writing="on")
 f = fs.open({bucket + "/ckpt/killed.pt"!r}, "wb")
 for _ in range(2 * {PART} // {MiB} + 1):
     f.write(os.urandom({MiB}))

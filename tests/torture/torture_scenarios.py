@@ -15,7 +15,7 @@ from torture_workers import Step, Worker
 CLOSE_LIMIT = 10.0  # seconds a write-behind close() may take while the store is frozen
 LEAD = 0.25  # seconds between sending a script and its aligned start
 # The writers of ``stream``: parts of 5 MiB go to the store while a file is written.
-STREAM_OPTIONS = {"part_size": 5 * MiB, "upload_while_writing": True}
+STREAM_OPTIONS = {"part_size": 5 * MiB, "upload_while_writing": "on"}
 
 
 def overlap(rnd: Round) -> None:

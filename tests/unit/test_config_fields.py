@@ -29,7 +29,7 @@ VALID: dict[str, tuple[str, Any]] = {
     "ttl": ("7.5", 7.5),
     "fetch_concurrency": ("3", 3),
     "upload_concurrency": ("3", 3),
-    "upload_while_writing": ("off", False),
+    "upload_while_writing": ("off", "off"),
     "part_size": ("32MiB", 32 * MiB),
     "range_size": ("4MiB", 4 * MiB),
     "lock_timeout": ("12", 12.0),

@@ -158,7 +158,7 @@ def test_removing_the_object_aborts_its_streamed_upload(tmp_path: Path) -> None:
 
 def test_off_uploads_after_close_with_the_digest_metadata(tmp_path: Path) -> None:
     store = MemoryStore(["b"])
-    fs = _fs(tmp_path, store, upload_while_writing=False)
+    fs = _fs(tmp_path, store, upload_while_writing="off")
     f = fs.open("b/ckpt", "wb")
     _write_in_chunks(f, os.urandom(2 * PART + 5))
     time.sleep(0.3)
@@ -166,6 +166,12 @@ def test_off_uploads_after_close_with_the_digest_metadata(tmp_path: Path) -> Non
     f.close()
     fs.flush(timeout=30)
     assert fs.stats()["uploads_streamed"] == 0
+
+
+def test_bools_read_as_on_and_off(tmp_path: Path) -> None:
+    store = MemoryStore(["b"])
+    assert _fs(tmp_path, store, upload_while_writing=True).config.upload_while_writing == "on"
+    assert _fs(tmp_path, store, upload_while_writing=False).config.upload_while_writing == "off"
 
 
 def test_the_governor_learns_parts_in_flight_from_the_link() -> None:

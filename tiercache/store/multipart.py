@@ -12,6 +12,8 @@ to hide the request latency without spending the CPU more would cost.
 from __future__ import annotations
 
 import collections
+import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -83,6 +85,13 @@ class PartGovernor:
                 self._limit = max(2, self._limit - 1)
 
 
+def background_priority() -> None:
+    """Run the calling thread at a lower CPU priority (nice +10): an upload in the background
+    must not take the CPU from the thread that writes the next file."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+
+
 class PartSender:
     """Threads that send the parts of every multipart upload of one store, governed."""
 
@@ -103,12 +112,14 @@ class PartSender:
     def submit(self, job: Callable[[], None]) -> None:
         with self._cond:
             self._queue.append(job)
-            if self._threads < self.governor.maximum and self._threads <= self._in_flight:
+            waiting = self._in_flight + len(self._queue)
+            if self._threads < min(self.governor.maximum, waiting):
                 self._threads += 1
                 threading.Thread(target=self._work, name="tiercache-part", daemon=True).start()
             self._cond.notify_all()
 
     def _work(self) -> None:
+        background_priority()
         while True:
             with self._cond:
                 self._cond.wait_for(

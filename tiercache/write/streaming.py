@@ -67,13 +67,22 @@ class PartStreamer:
     def wrote(self, size: int) -> None:
         """The writer has written ``size`` bytes: send every part now complete. Never raises:
         a failure only means the upload starts over at ``finish``."""
-        if self._stopped:
-            return
+        if not self._stopped:
+            self._send_through(size // self._part_size, size)
+
+    def send_rest(self, size: int) -> None:
+        """The file is closed and journaled at ``size`` bytes: send its remaining parts now
+        (the tail too), ahead of ``finish``, which checks them all against the journal."""
+        if self._upload is not None and not self._stopped:
+            self._send_through(-(-size // self._part_size), size)
+        self._stopped = True
+
+    def _send_through(self, last: int, size: int) -> None:
         try:
-            while (self._scheduled + 1) * self._part_size <= size:
+            while self._scheduled < last:
                 upload = self._started()
                 number = self._scheduled + 1
-                upload.add_part(number, partial(self._read, number))
+                upload.add_part(number, partial(self._read, number, size))
                 self._scheduled = number
         except Exception as exc:
             log.warning("sending %s/%s while it is written failed: %s", self.bucket, self.key, exc)
@@ -108,11 +117,12 @@ class PartStreamer:
         with self._lock:
             self._sidecar_fd = fd
 
-    def _read(self, number: int) -> bytes:
+    def _read(self, number: int, size: int) -> bytes:
         assert self._fd is not None
         offset = (number - 1) * self._part_size
-        data = os.pread(self._fd, self._part_size, offset)
-        if len(data) != self._part_size:
+        want = min(self._part_size, size - offset)
+        data = os.pread(self._fd, want, offset)
+        if len(data) != want:
             raise BytesChangedError(f"part {number} of the staged file is short")
         with self._lock:
             self._digests[number] = xxhash.xxh3_64_hexdigest(data)
@@ -146,6 +156,9 @@ class PartStreamer:
             return None
         try:
             total = -(-size // self._part_size)
+            if self._scheduled > total:
+                self.abort()  # sent for a size the journal does not record
+                return None
             for number in range(self._scheduled + 1, total + 1):
                 offset = (number - 1) * self._part_size
                 upload.add_part(number, partial(_pread_path, path, offset, self._part_size))

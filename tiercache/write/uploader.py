@@ -139,6 +139,7 @@ class Uploader:
         with self._cond:
             old = self._streams.get(record.entry_id)
             self._streams[record.entry_id] = (record.generation, stream)
+        stream.send_rest(record.size)
         if old is not None:
             old[1].abort()  # an older generation's upload, superseded before it finished
 
