@@ -22,7 +22,7 @@ from tiercache.errors import ConfigError
 Consistency = Literal["immutable", "ttl", "always"]
 WriteMode = Literal["behind", "through"]
 Verify = Literal["first", "always", "reboot"]
-UploadWhileWriting = Literal["on", "off"]
+UploadWhileWriting = Literal["auto", "on", "off"]
 SharedPolicy = Literal["promote", "serve"]
 SharedAuth = Literal["store", "trust"]
 
@@ -80,12 +80,14 @@ class TierCacheConfig:
             learned from the link, up to ``MAX_PARTS_IN_FLIGHT``: parts are added while each
             still gets most of the best rate seen, and a store that takes one part fast gets
             two at a time. A number: exactly that many.
-        upload_while_writing: ``on`` (default): in ``write_mode="behind"``, a large file's
-            full parts go to the store as soon as they are written (the upload is completed
-            only after ``close()`` has journaled the file), so the upload ends about when the
-            writing does; they carry no ``tiercache-xxh3`` metadata (S3 fixes metadata when
-            an upload begins). ``off``: uploads start after ``close()``. True/False read as
-            on/off.
+        upload_while_writing: in ``write_mode="behind"``, ``on``: a large file's full parts
+            go to the store as soon as they are written (the upload is completed only after
+            ``close()`` has journaled the file), so the upload ends about when the writing
+            does; such objects carry no ``tiercache-xxh3`` metadata (S3 fixes metadata when
+            an upload begins). ``auto`` (default): the same with 4 or more usable cores;
+            with fewer, the parts are queued as they are written and sent when the burst of
+            writes is over (sending takes the writer's CPU). ``off``: uploads start after
+            ``close()``. True/False read as on/off.
         part_size: bytes per multipart-upload part.
         range_size: bytes per ranged GET when a fetch runs several (AWS's guidance: 8-16 MB).
         lock_timeout: seconds to wait for a fetch held by another process before failing.
@@ -154,7 +156,7 @@ class TierCacheConfig:
     ttl: float = 60.0
     fetch_concurrency: int | None = None
     upload_concurrency: int | None = None
-    upload_while_writing: UploadWhileWriting = "on"
+    upload_while_writing: UploadWhileWriting = "auto"
     part_size: int = 16 * MiB
     range_size: int = 8 * MiB
     lock_timeout: float = 300.0
@@ -207,7 +209,7 @@ class TierCacheConfig:
             object.__setattr__(self, "upload_while_writing", spelled)
         if self.upload_while_writing not in get_args(UploadWhileWriting):
             raise ConfigError(
-                f"upload_while_writing must be on or off, got {self.upload_while_writing!r}"
+                f"upload_while_writing must be auto, on or off, got {self.upload_while_writing!r}"
             )
         _require_int("part_size", self.part_size, minimum=5 * MiB, maximum=5 * GiB)
         _require_int("range_size", self.range_size, minimum=64 * 1024, maximum=5 * GiB)

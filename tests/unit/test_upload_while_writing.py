@@ -12,6 +12,7 @@ import pytest
 from tiercache import TierCacheFileSystem
 from tiercache.store.memory import MemoryStore
 from tiercache.store.multipart import PartGovernor
+from tiercache.write import uploader
 
 MiB = 1024 * 1024
 PART = 5 * MiB  # MemoryStore's part size
@@ -19,6 +20,7 @@ PART = 5 * MiB  # MemoryStore's part size
 
 def _fs(tmp_path: Path, store: MemoryStore, **options: Any) -> TierCacheFileSystem:
     options.setdefault("local_dir", str(tmp_path / "t"))
+    options.setdefault("upload_while_writing", "on")  # whatever the cores of this machine
     return TierCacheFileSystem(store=store, skip_instance_cache=True, **options)
 
 
@@ -166,6 +168,24 @@ def test_off_uploads_after_close_with_the_digest_metadata(tmp_path: Path) -> Non
     f.close()
     fs.flush(timeout=30)
     assert fs.stats()["uploads_streamed"] == 0
+
+
+def test_auto_on_few_cores_sends_the_parts_once_the_burst_is_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(uploader, "few_cores", lambda: True)
+    store = MemoryStore(["b"])
+    fs = _fs(tmp_path, store, upload_while_writing="auto")
+    data = os.urandom(2 * PART + 5)
+    f = fs.open("b/ckpt", "wb")
+    _write_in_chunks(f, data)
+    time.sleep(0.3)
+    assert _parts_sent(store) == 0  # queued: the writer keeps the CPU
+    f.close()
+    fs.flush(timeout=30)
+    assert store.open_range("b", "ckpt", 0, None).read(len(data) + 1) == data
+    assert fs.stats()["uploads_streamed"] == 1
+    assert store.request_counts().get("UploadPart") == 3
 
 
 def test_bools_read_as_on_and_off(tmp_path: Path) -> None:

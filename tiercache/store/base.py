@@ -106,6 +106,11 @@ class ObjectStore(Protocol):
         """Bytes per multipart-upload part."""
         ...
 
+    def hold_parts(self, ceiling: int | None, at_most: float = 10.0) -> None:
+        """Send at most ``ceiling`` multipart-upload parts at once until called with None, or
+        for ``at_most`` seconds."""
+        ...
+
     def start_multipart(
         self,
         bucket: str,

@@ -124,6 +124,9 @@ class MemoryStore:
         with self._lock:
             self._uploads.pop(upload_id, None)
 
+    def hold_parts(self, ceiling: int | None, at_most: float = 10.0) -> None:
+        self._sender.hold(ceiling, at_most)
+
     def start_multipart(
         self,
         bucket: str,

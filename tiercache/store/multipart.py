@@ -105,9 +105,25 @@ class PartSender:
         self._queue: collections.deque[Callable[[], None]] = collections.deque()
         self._in_flight = 0
         self._threads = 0
+        self._ceiling: int | None = None
+        self._ceiling_until = 0.0
 
     def after_fork(self) -> None:
         self._reset()  # the parent's threads do not exist here
+
+    def hold(self, ceiling: int | None, at_most: float = 10.0) -> None:
+        """At most ``ceiling`` parts in flight until called with None, or for ``at_most``
+        seconds (a file left open for long must not hold every upload back)."""
+        with self._cond:
+            self._ceiling = ceiling
+            self._ceiling_until = time.monotonic() + at_most
+            self._cond.notify_all()
+
+    def _limit(self) -> int:
+        limit = self.governor.limit()
+        if self._ceiling is None or time.monotonic() >= self._ceiling_until:
+            return limit
+        return min(limit, self._ceiling)
 
     def submit(self, job: Callable[[], None]) -> None:
         with self._cond:
@@ -122,9 +138,8 @@ class PartSender:
         background_priority()
         while True:
             with self._cond:
-                self._cond.wait_for(
-                    lambda: bool(self._queue) and self._in_flight < self.governor.limit()
-                )
+                while not (self._queue and self._in_flight < self._limit()):
+                    self._cond.wait(0.5 if self._ceiling is not None else None)
                 job = self._queue.popleft()
                 self._in_flight += 1
             try:

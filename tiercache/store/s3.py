@@ -306,6 +306,9 @@ class S3Store:
             raise
         return upload.complete()
 
+    def hold_parts(self, ceiling: int | None, at_most: float = 10.0) -> None:
+        self._sender.hold(ceiling, at_most)
+
     def start_multipart(
         self,
         bucket: str,

@@ -13,6 +13,7 @@ backoff until they succeed or ``upload_deadline`` passes.
 from __future__ import annotations
 
 import logging
+import os
 import posixpath
 import threading
 import time
@@ -50,6 +51,16 @@ _BUSY_RETRY = 0.1  # seconds before a flushed object whose claim was busy is tri
 # it on a busy host slow the very close() calls write-behind exists to make fast.
 _DEFER_WHILE_WRITING = 10.0
 _QUIET_AFTER_WRITES = 0.3
+# Parts sent while a file is written take CPU (reading back, signing, sending) and the GIL
+# from the writer, and on a small machine the store's own CPU too: measured on 2 cores,
+# close() blocked 1.4-1.8x a local write with parts sent at once, against 1.1x when uploads
+# waited for the burst to end. With upload_while_writing="auto" and fewer than 4 usable
+# cores, parts are queued as they are written and sent when uploads would start.
+
+
+def few_cores() -> bool:
+    """Too few usable cores to send parts beside a writer without slowing it."""
+    return len(os.sched_getaffinity(0)) < 4
 
 
 class _BytesLostError(TierCacheError):
@@ -88,6 +99,7 @@ class Uploader:
         self._namespace = canonical_namespace(store.namespace)
         self._stats = stats
         self._backoff = RetryPolicy(attempts=1, base_delay=0.2, max_delay=30.0)
+        self._hold_parts = config.upload_while_writing == "auto" and few_cores()
         self._reset()
         forksafe.register(self)
 
@@ -171,15 +183,29 @@ class Uploader:
             stream.abort()
 
     def writer_opened(self) -> None:
-        """A file is being written behind in this process (uploads hold back meanwhile)."""
+        """A file is being written behind in this process: uploads hold back meanwhile (and,
+        on a machine with few cores, so do the parts of the files being written)."""
         with self._cond:
             self._writers += 1
+            if self._writers == 1 and self._hold_parts:
+                self._store.hold_parts(0, _DEFER_WHILE_WRITING)
 
     def writer_closed(self) -> None:
         with self._cond:
             self._writers -= 1
             self._last_write = time.monotonic()
             self._cond.notify_all()
+            quiet = self._writers == 0 and self._hold_parts
+        if quiet:  # the parts go once the burst of writes is over, like the uploads
+            release = threading.Timer(_QUIET_AFTER_WRITES, self._release_parts_if_quiet)
+            release.daemon = True
+            release.start()
+
+    def _release_parts_if_quiet(self) -> None:
+        with self._cond:
+            quiet = time.monotonic() - self._last_write >= _QUIET_AFTER_WRITES * 0.9
+            if self._writers == 0 and quiet:
+                self._store.hold_parts(None)
 
     def _wait_for_quiet(self, entry_id: str) -> None:
         """Hold an upload back while this process writes (called with the condition held).
