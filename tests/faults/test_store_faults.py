@@ -371,7 +371,7 @@ def test_write_behind_uploader_retries_until_the_upload_succeeds(
     inject: Callable[[FaultProxy], None],
 ) -> None:
     # 3 faults with 2 attempts per request: the first upload fails, a later one succeeds.
-    # (Parts sent while writing would absorb the faults: tests/unit/test_part_streamer.py has those.)
+    # (Parts sent while writing would absorb the faults: test_part_streamer.py has those.)
     fs = faulty_fs(retries=2, part_size=PART, upload_concurrency=2, upload_while_writing="off")
     data = os.urandom(size)
     inject(proxy)
