@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from tiercache.errors import ObjectChangedError, ObjectNotFoundError
 from tiercache.store.base import ListEntry, ObjectInfo
-from tiercache.store.multipart import MultipartUpload, PartGovernor, PartSender
+from tiercache.store.multipart import PartGovernor, PartSender, SendsParts
 
 
 @dataclass
@@ -47,7 +47,7 @@ class MemoryStream:
         self._view.release()
 
 
-class MemoryStore:
+class MemoryStore(SendsParts):
     """Buckets of objects in a dict, with S3's semantics for keys, ranges and listings."""
 
     def __init__(self, buckets: Iterable[str] = ("bucket",)) -> None:
@@ -123,18 +123,6 @@ class MemoryStore:
         self._count("AbortMultipartUpload")
         with self._lock:
             self._uploads.pop(upload_id, None)
-
-    def hold_parts(self, ceiling: int | None, at_most: float = 10.0) -> None:
-        self._sender.hold(ceiling, at_most)
-
-    def start_multipart(
-        self,
-        bucket: str,
-        key: str,
-        metadata: Mapping[str, str] | None = None,
-        on_created: Callable[[str], None] | None = None,
-    ) -> MultipartUpload:
-        return MultipartUpload(self, self._sender, bucket, key, metadata, on_created)
 
     def create_multipart(self, bucket: str, key: str, metadata: Mapping[str, str]) -> str:
         self._count("CreateMultipartUpload")

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Protocol, cast
 
 from tiercache import forksafe
 from tiercache.store.base import ObjectInfo
@@ -268,3 +268,25 @@ class MultipartUpload:
             upload_id = self.upload_id
         if upload_id is not None:
             self._requests.abort_multipart(self.bucket, self.key, upload_id)
+
+
+class SendsParts:
+    """What a store that implements ``PartRequests`` gains from one ``PartSender``: uploads
+    started part by part, and a ceiling on the parts in flight."""
+
+    _sender: PartSender
+
+    def hold_parts(self, ceiling: int | None, at_most: float = 10.0) -> None:
+        """At most ``ceiling`` parts in flight (None: as many as governed)."""
+        self._sender.hold(ceiling, at_most)
+
+    def start_multipart(
+        self,
+        bucket: str,
+        key: str,
+        metadata: Mapping[str, str] | None = None,
+        on_created: Callable[[str], None] | None = None,
+    ) -> MultipartUpload:
+        """A multipart upload of ``bucket/key``, created when its first part is sent."""
+        requests = cast(PartRequests, self)
+        return MultipartUpload(requests, self._sender, bucket, key, metadata, on_created)

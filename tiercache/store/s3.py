@@ -18,7 +18,7 @@ from tiercache import forksafe
 from tiercache.errors import AccessDeniedError, StoreError
 from tiercache.store.base import ListEntry, ObjectInfo
 from tiercache.store.endpoint import AWS_NAMESPACE, canonical_endpoint, configured_endpoint
-from tiercache.store.multipart import MultipartUpload, PartGovernor, PartSender
+from tiercache.store.multipart import PartGovernor, PartSender, SendsParts
 from tiercache.store.retry import RetryableError, RetryPolicy
 from tiercache.store.s3_errors import translate_client_error, translate_transport_error
 from tiercache.store.s3_options import S3Options
@@ -81,7 +81,7 @@ class S3Stream:
             self._body.close()
 
 
-class S3Store:
+class S3Store(SendsParts):
     """An ObjectStore on S3 (AWS, IBM COS, Ceph RGW, MinIO, SeaweedFS) through boto3.
 
     boto3's own retries are off: every call goes through ``_call`` so that one policy decides,
@@ -305,18 +305,6 @@ class S3Store:
             upload.abort()
             raise
         return upload.complete()
-
-    def hold_parts(self, ceiling: int | None, at_most: float = 10.0) -> None:
-        self._sender.hold(ceiling, at_most)
-
-    def start_multipart(
-        self,
-        bucket: str,
-        key: str,
-        metadata: Mapping[str, str] | None = None,
-        on_created: Callable[[str], None] | None = None,
-    ) -> MultipartUpload:
-        return MultipartUpload(self, self._sender, bucket, key, metadata, on_created)
 
     @property
     def part_size(self) -> int:

@@ -171,16 +171,24 @@ class Uploader:
         """Abort streamed uploads whose record is gone or moved on (uploaded by another
         process, removed, discarded, superseded)."""
         with self._cond:
-            held = list(self._streams.items())
-        for entry_id, (generation, stream) in held:
-            record = self._state.get(entry_id)
-            if record is not None and record.generation == generation and record.state == "dirty":
-                continue
-            with self._cond:
-                if self._streams.get(entry_id) != (generation, stream):
-                    continue
-                del self._streams[entry_id]
-            stream.abort()
+            entry_ids = list(self._streams)
+        for entry_id in entry_ids:
+            self._drop_stream_without_record(entry_id)
+
+    def _drop_stream_without_record(self, entry_id: str) -> None:
+        with self._cond:
+            held = self._streams.get(entry_id)
+        if held is None:
+            return
+        generation, stream = held
+        record = self._state.get(entry_id)
+        if record is not None and record.generation == generation and record.state == "dirty":
+            return
+        with self._cond:
+            if self._streams.get(entry_id) != held:
+                return
+            del self._streams[entry_id]
+        stream.abort()
 
     def writer_opened(self) -> None:
         """A file is being written behind in this process: uploads hold back meanwhile (and,
@@ -212,7 +220,7 @@ class Uploader:
 
         A flush cuts the wait short: it asked for these uploads now.
         """
-        if entry_id in self._streams:
+        if entry_id in self._streams and not self._hold_parts:
             return  # its parts went while it was written: only the tail is left
         give_up = time.monotonic() + _DEFER_WHILE_WRITING
         while (now := time.monotonic()) < give_up:
@@ -241,6 +249,9 @@ class Uploader:
                 self._queue.insert(0, entry_id)  # ahead of uploads nobody is waiting for
             self._forced.update(entry_ids)
             self._cond.notify_all()
+            writing = self._writers > 0
+        if self._hold_parts and not writing:
+            self._store.hold_parts(None)  # a flush waits for these parts: no quiet period
 
     # -- threads -------------------------------------------------------------------------
 
@@ -320,7 +331,7 @@ class Uploader:
             self._abort_dead_multipart(entry_id)
             record = self._state.get(entry_id)
             if record is None or record.state != "dirty" or not self._ours([record]):
-                self._drop_streams_without_record()
+                self._drop_stream_without_record(entry_id)
                 return True
             if self._past_deadline(record):
                 self._give_up(entry_id)
