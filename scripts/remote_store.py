@@ -243,7 +243,73 @@ class _Upstream:
         self.sock = self.rfile = None
 
 
-class RemoteStore:
+class ConnectionServer:
+    """A listener on 127.0.0.1 that serves each connection in a thread of its own until
+    ``close()``; a subclass says how to serve one connection (``_converse``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._clients: dict[socket.socket, threading.Thread] = {}
+        self._listener: socket.socket | None = None
+        self._acceptor: threading.Thread | None = None
+        self.url = ""
+
+    def _listen(self, port: int = 0, nodelay: bool = False) -> None:
+        """Start accepting on ``port`` (0: any free one); ``url`` then points at it."""
+        self._listener = socket.create_server((HOST, port))
+        self._listener.settimeout(0.1)
+        self.url = f"http://{HOST}:{self._listener.getsockname()[1]}"
+        self._acceptor = threading.Thread(target=self._accept_loop, args=(nodelay,), daemon=True)
+        self._acceptor.start()
+
+    def close(self) -> None:
+        """Stop accepting, drop every client connection and join the threads."""
+        self._stop.set()
+        if self._acceptor is None or self._listener is None:
+            return
+        self._acceptor.join(timeout=5)
+        self._listener.close()
+        with self._lock:
+            clients = dict(self._clients)
+        for sock, thread in clients.items():
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            thread.join(timeout=5)
+
+    def _accept_loop(self, nodelay: bool) -> None:
+        assert self._listener is not None
+        while not self._stop.is_set():
+            try:
+                sock, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            sock.settimeout(None)
+            if nodelay:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            thread = threading.Thread(target=self._serve, args=(sock,), daemon=True)
+            with self._lock:
+                self._clients[sock] = thread
+            thread.start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        try:
+            self._converse(sock)
+        except (OSError, EOFError, ValueError, IndexError):
+            pass  # the client or the store went away, or spoke nonsense: drop the connection
+        finally:
+            sock.close()
+            with self._lock:
+                self._clients.pop(sock, None)
+
+    def _converse(self, sock: socket.socket) -> None:
+        """Serve requests on ``sock`` until it must close."""
+        raise NotImplementedError
+
+
+class RemoteStore(ConnectionServer):
     """A pacing proxy in front of ``upstream`` (an ``http://`` S3 endpoint), in this process.
 
     ``url`` is where clients connect: the upstream itself for a profile that shapes nothing.
@@ -277,59 +343,21 @@ class RemoteStore:
         self.upstream = upstream.rstrip("/")
         self._address = (parts.hostname, parts.port or 80)
         self._rng = random.Random(self.profile.seed)
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._clients: dict[socket.socket, threading.Thread] = {}
+        super().__init__()
         self.requests = self.errors = self.continues = self.bytes_up = self.bytes_down = 0
         total = self.profile.total_bps
         self._shared_up = TokenBucket(total) if total else None
         self._shared_down = TokenBucket(total) if total else None
-        self._listener: socket.socket | None = None
-        self._acceptor: threading.Thread | None = None
         if self.profile.passthrough:
             self.url = self.upstream
             return
-        self._listener = socket.create_server((HOST, port))
-        self._listener.settimeout(0.1)
-        self.url = f"http://{HOST}:{self._listener.getsockname()[1]}"
-        self._acceptor = threading.Thread(target=self._accept_loop, daemon=True)
-        self._acceptor.start()
-
-    def close(self) -> None:
-        """Stop accepting, drop every client connection and join the threads."""
-        self._stop.set()
-        if self._acceptor is None or self._listener is None:
-            return
-        self._acceptor.join(timeout=5)
-        self._listener.close()
-        with self._lock:
-            clients = dict(self._clients)
-        for sock, thread in clients.items():
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            thread.join(timeout=5)
+        self._listen(port, nodelay=True)
 
     def __enter__(self) -> RemoteStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _accept_loop(self) -> None:
-        assert self._listener is not None
-        while not self._stop.is_set():
-            try:
-                sock, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            sock.settimeout(None)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            thread = threading.Thread(target=self._serve, args=(sock,), daemon=True)
-            with self._lock:
-                self._clients[sock] = thread
-            thread.start()
 
     def _pacers(self) -> tuple[_Pacer, _Pacer]:
         """(up, down) pacers for a new connection: its own buckets plus the shared ones."""
@@ -339,21 +367,16 @@ class RemoteStore:
             _Pacer(TokenBucket(rate) if rate else None, self._shared_down),
         )
 
-    def _serve(self, sock: socket.socket) -> None:
+    def _converse(self, sock: socket.socket) -> None:
         rfile = _reader(sock)
         upstream = _Upstream(self._address)
         up, down = self._pacers()
         try:
             while not self._stop.is_set() and self._handle(sock, rfile, upstream, up, down):
                 pass
-        except (OSError, EOFError, ValueError, IndexError):
-            pass  # the client or the store went away, or spoke nonsense: drop the connection
         finally:
             upstream.close()
             rfile.close()
-            sock.close()
-            with self._lock:
-                self._clients.pop(sock, None)
 
     def _fail_this_one(self) -> bool:
         with self._lock:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import struct
-import threading
 from collections import Counter
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING, BinaryIO, TypedDict
 from urllib.parse import urlsplit
+
+from remote_store import ConnectionServer
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -128,7 +128,7 @@ def _error_response(method: str, target: str, status: int, code: str, close: boo
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
 
 
-class FaultProxy:
+class FaultProxy(ConnectionServer):
     """Forwards HTTP requests to ``upstream`` unchanged unless a programmed fault matches.
 
     Every fault applies to the next ``n`` requests whose method is ``method`` and whose target
@@ -141,18 +141,12 @@ class FaultProxy:
         assert parts.scheme == "http" and parts.hostname, upstream
         self._upstream = (parts.hostname, parts.port or 80)
         self._timeout = timeout
-        self._lock = threading.Lock()
+        super().__init__()
         self._rules: list[_Rule] = []
         self._delay = 0.0
-        self._stop = threading.Event()
-        self._clients: dict[socket.socket, threading.Thread] = {}
         self.requests: Counter[str] = Counter()  # per method, faulted ones included
         self.log: list[tuple[str, str, Headers]] = []  # (method, target, headers)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.1)
-        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
-        self._acceptor = threading.Thread(target=self._accept_loop, daemon=True)
-        self._acceptor.start()
+        self._listen()
 
     def _add(self, rule: _Rule) -> None:
         with self._lock:
@@ -192,50 +186,19 @@ class FaultProxy:
         with self._lock:
             return sum(1 for m, t, _ in self.log if _matches(m, t, method, path_contains))
 
-    def close(self) -> None:
-        """Stop accepting, drop every client connection and join the threads."""
-        self._stop.set()
-        self._acceptor.join(timeout=5)
-        self._listener.close()
-        with self._lock:
-            clients = dict(self._clients)
-        for sock, thread in clients.items():
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            thread.join(timeout=5)
-
     def __enter__(self) -> FaultProxy:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _accept_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                sock, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            sock.settimeout(None)
-            thread = threading.Thread(target=self._serve, args=(sock,), daemon=True)
-            with self._lock:
-                self._clients[sock] = thread
-            thread.start()
-
-    def _serve(self, sock: socket.socket) -> None:
+    def _converse(self, sock: socket.socket) -> None:
         rfile = sock.makefile("rb")
         try:
             while not self._stop.is_set() and self._handle(sock, rfile):
                 pass
-        except (OSError, EOFError, ValueError, IndexError):
-            pass  # the client or the store went away, or spoke nonsense: drop the connection
         finally:
             rfile.close()
-            sock.close()
-            with self._lock:
-                self._clients.pop(sock, None)
 
     def _pick(self, method: str, target: str, headers: Headers) -> _Rule | None:
         with self._lock:

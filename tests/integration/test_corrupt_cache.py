@@ -12,26 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tier_damage import flip_byte, forget_checks
 
 from tiercache import CacheCorruptError, TierCacheFileSystem
 
 KiB = 1024
 MiB = 1024 * KiB
-
-
-def _flip(path: str, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0xFF]))
-
-
-def _new_process(fs: TierCacheFileSystem) -> None:
-    """What a new process starts with: no file checked yet."""
-    verifier = getattr(fs.read_path, "verifier", None)  # (none before verify="first")
-    if verifier is not None:
-        verifier.forget_all()
 
 
 def _cache(fs: TierCacheFileSystem, s3_client: Any, bucket: str, payload: bytes) -> str:
@@ -63,8 +49,8 @@ def test_a_flipped_byte_is_never_served(
 ) -> None:
     payload = os.urandom(size)
     fs = make_fs(consistency=mode, ttl=0.0)  # ttl 0: a HEAD at every open, as after the ttl
-    _flip(_cache(fs, s3_client, bucket, payload), size // 2)
-    _new_process(fs)
+    flip_byte(_cache(fs, s3_client, bucket, payload), size // 2)
+    forget_checks(fs)
     got = _read_or_error(fs, f"{bucket}/k")
     assert got == payload or (got is None and size > MiB)  # small ones: checked at open
     assert fs.cat(f"{bucket}/k") == payload
@@ -92,7 +78,7 @@ def test_a_truncated_file_with_its_size_edited_is_never_served_short(
     assert entry is not None
     os.truncate(data_path, 100 * KiB)
     fs.tier.replace_meta(entry, dataclasses.replace(entry.meta, size=100 * KiB))
-    _new_process(fs)
+    forget_checks(fs)
     assert fs.cat(f"{bucket}/k") == payload
     stats = fs.stats()
     if mode == "immutable":  # no HEAD: the digest tells
@@ -123,7 +109,7 @@ def test_another_process_checks_an_entry_this_one_fetched(
 ) -> None:
     payload = os.urandom(3 * MiB)
     fs = make_fs(consistency="immutable")
-    _flip(_cache(fs, s3_client, bucket, payload), len(payload) - 10)
+    flip_byte(_cache(fs, s3_client, bucket, payload), len(payload) - 10)
     options = {
         "local_dir": str(tmp_path / "tier"),
         "consistency": "immutable",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tier_damage import flip_byte, forget_checks
 
 from tiercache import CacheCorruptError, MemoryStore, TierCacheFileSystem
 
@@ -39,21 +40,6 @@ def _cached(fs: TierCacheFileSystem, payload: bytes, store: MemoryStore) -> str:
     entry = fs.read_path.cached("b", "k")
     assert entry is not None
     return entry.paths.data
-
-
-def _flip(path: str, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0xFF]))
-
-
-def _new_process(fs: TierCacheFileSystem) -> None:
-    """What a new process starts with: no file checked yet."""
-    verifier = getattr(fs.read_path, "verifier", None)  # (none before verify="first")
-    if verifier is not None:
-        verifier.forget_all()
 
 
 def _read_all(fs: TierCacheFileSystem, chunk: int, readinto: bool = False) -> bytes:
@@ -82,8 +68,8 @@ def test_flipped_byte_is_refetched_before_an_open_read_hands_anything(
     store = MemoryStore(["b"])
     payload = os.urandom(size)
     fs = _fs(tmp_path, store)
-    _flip(_cached(fs, payload, store), size // 2)
-    _new_process(fs)
+    flip_byte(_cached(fs, payload, store), size // 2)
+    forget_checks(fs)
     assert fs.cat("b/k") == payload  # one read of it all: the verdict comes first
     stats = fs.stats()
     assert stats["verify_failures"] == 1 and stats["corrupt_entries"] == 1
@@ -96,8 +82,8 @@ def test_a_read_out_of_order_waits_for_the_check(tmp_path: Path, where: str) -> 
     store = MemoryStore(["b"])
     payload = os.urandom(LARGE)
     fs = _fs(tmp_path, store)
-    _flip(_cached(fs, payload, store), 3 * MiB)
-    _new_process(fs)
+    flip_byte(_cached(fs, payload, store), 3 * MiB)
+    forget_checks(fs)
     offset = LARGE // 3 if where == "middle" else LARGE - 100
     with fs.open("b/k", "rb") as f:
         f.seek(offset)
@@ -115,8 +101,8 @@ def test_a_sequential_reader_never_completes_a_read_of_corrupt_bytes(
     store = MemoryStore(["b"])
     payload = os.urandom(LARGE)
     fs = _fs(tmp_path, store)
-    _flip(_cached(fs, payload, store), MiB + 5)
-    _new_process(fs)
+    flip_byte(_cached(fs, payload, store), MiB + 5)
+    forget_checks(fs)
     # No worker hashes ahead: the reader is handed the early bytes before any verdict, and
     # its read of the last bytes runs the check itself.
     monkeypatch.setattr(fs.read_path.verifier, "start", lambda check: None)
@@ -133,8 +119,8 @@ def test_a_sequential_reader_gets_the_right_bytes_or_an_error(tmp_path: Path) ->
     fs = _fs(tmp_path, store)
     for round_ in range(5):
         data_path = _cached(fs, payload, store)
-        _flip(data_path, (round_ + 1) * 700 * KiB)
-        _new_process(fs)
+        flip_byte(data_path, (round_ + 1) * 700 * KiB)
+        forget_checks(fs)
         try:
             assert _read_all(fs, 256 * KiB) == payload
         except CacheCorruptError:
@@ -151,7 +137,7 @@ def test_a_truncated_file_with_its_size_edited_is_caught_by_the_digest(tmp_path:
     assert entry is not None
     os.truncate(data_path, SMALL - 1000)
     fs.tier.replace_meta(entry, dataclasses.replace(entry.meta, size=SMALL - 1000))
-    _new_process(fs)
+    forget_checks(fs)
     assert fs.cat("b/k") == payload
     assert fs.stats()["verify_failures"] == 1
 
@@ -163,7 +149,7 @@ def test_a_file_is_checked_once_per_process(tmp_path: Path) -> None:
     _cached(fs, payload, store)
     assert fs.cat("b/k") == payload
     assert fs.stats()["verify_checks"] == 0  # fetched by this process: hashed as it came
-    _new_process(fs)
+    forget_checks(fs)
     for _ in range(3):
         assert _read_all(fs, MiB) == payload
     stats = fs.stats()
@@ -177,7 +163,7 @@ def test_a_file_changed_after_its_check_is_checked_again(tmp_path: Path) -> None
     fs = _fs(tmp_path, store)
     data_path = _cached(fs, payload, store)
     time.sleep(0.05)  # past the filesystem's timestamp granularity
-    _flip(data_path, 10)  # a new mtime and ctime: no longer the file this process fetched
+    flip_byte(data_path, 10)  # a new mtime and ctime: no longer the file this process fetched
     assert fs.cat("b/k") == payload
     assert fs.stats()["verify_failures"] == 1
 
@@ -186,8 +172,8 @@ def test_verify_reboot_costs_nothing_and_serves_what_is_on_disk(tmp_path: Path) 
     store = MemoryStore(["b"])
     payload = os.urandom(SMALL)
     fs = _fs(tmp_path, store, verify="reboot")
-    _flip(_cached(fs, payload, store), 10)
-    _new_process(fs)
+    flip_byte(_cached(fs, payload, store), 10)
+    forget_checks(fs)
     assert fs.cat("b/k") != payload  # the documented trade: no defence against disk damage
     assert fs.stats().get("verify_checks", 0) == 0
     checked = _fs(tmp_path, store)  # the default, on the same tier
@@ -220,8 +206,8 @@ def test_a_corrupt_dirty_entry_is_neither_served_nor_dropped(
         f.write(written)
     entry = fs.read_path.cached("b", "k")
     assert entry is not None and entry.meta.state == "dirty"
-    _flip(entry.paths.data, size - 10)
-    _new_process(fs)
+    flip_byte(entry.paths.data, size - 10)
+    forget_checks(fs)
     try:
         for _ in range(2):
             with pytest.raises(CacheCorruptError) as raised:
@@ -236,7 +222,7 @@ def test_a_corrupt_dirty_entry_is_neither_served_nor_dropped(
         assert store.request_counts().get("GetObject", 0) == 0  # never the older version
     finally:
         if os.path.exists(entry.paths.data):
-            _flip(entry.paths.data, size - 10)  # intact again: the held upload may go
+            flip_byte(entry.paths.data, size - 10)  # intact again: the held upload may go
         store.released.set()
         fs.flush(timeout=30)
 
@@ -258,8 +244,8 @@ def test_a_corrupt_block_is_refetched_by_default(tmp_path: Path) -> None:
         f.seek(2 * block)
         assert f.read(10) == data[2 * block : 2 * block + 10]
     (blk,) = Path(tmp_path / "t").glob("objects/*/*.blk")
-    _flip(str(blk), 2 * block + 5)
-    _new_process(fs)
+    flip_byte(str(blk), 2 * block + 5)
+    forget_checks(fs)
     gets = store.request_counts()["GetObject"]
     for _ in range(2):  # checked on its first read in the process, then trusted
         with fs.open("b/huge.bin") as f:
@@ -290,7 +276,7 @@ def test_a_corrupt_shared_copy_is_not_served_to_another_host(tmp_path: Path, pol
     first.wait_fetches()
     shared = first.read_path.cached_shared("b", "k")
     assert shared is not None
-    _flip(shared.paths.data, 100)
+    flip_byte(shared.paths.data, 100)
     second = host("h2")
     assert second.cat("b/k") == payload
     assert second.stats()["verify_failures"] >= 1
@@ -302,7 +288,7 @@ def test_an_empty_object_is_checked_without_hanging(tmp_path: Path) -> None:
     store = MemoryStore(["b"])
     fs = _fs(tmp_path, store)
     _cached(fs, b"", store)
-    _new_process(fs)
+    forget_checks(fs)
     got: list[bytes] = []
     reader = threading.Thread(target=lambda: got.append(fs.cat("b/k")), daemon=True)
     reader.start()
