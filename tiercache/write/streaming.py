@@ -141,17 +141,21 @@ class PartStreamer:
             self.close()
             return None
         try:
+            # The check pass runs while the parts are still on the wire: each part sent must
+            # be what the pass read, and the pass must be the journaled bytes.
+            read = self._part_digests(path, size, digest)
+        except BaseException:
+            self.abort()
+            raise
+        try:
             upload.wait()
         except Exception as exc:
             log.warning("a part of %s/%s failed; sending it whole: %s", self.bucket, self.key, exc)
             self.abort()
             return None
-        try:
-            usable = self._parts_match(path, size, digest)
-        except BaseException:
-            self.abort()
-            raise
-        if not usable:
+        with self._lock:
+            sent = dict(self._digests)
+        if any(read.get(number) != part for number, part in sent.items()):
             self.abort()
             return None
         try:
@@ -166,25 +170,20 @@ class PartStreamer:
         finally:
             self.close()
 
-    def _parts_match(self, path: str, size: int, digest: str) -> bool:
-        """One pass over ``path``: its whole digest against the journal's (raise if it
-        differs), each streamed part against the bytes that were sent."""
+    def _part_digests(self, path: str, size: int, digest: str) -> dict[int, str]:
+        """One pass over ``path``: the xxh3 of each part, by number; raises
+        ``BytesChangedError`` unless the whole is ``size`` bytes of xxh3 ``digest``."""
         whole = xxhash.xxh3_64()
+        parts: dict[int, str] = {}
         seen = 0
-        same = True
         with open(path, "rb", buffering=0) as f:
-            number = 0
             while chunk := f.read(self._part_size):
-                number += 1
                 whole.update(chunk)
                 seen += len(chunk)
-                if number <= self._scheduled:
-                    with self._lock:
-                        sent = self._digests.get(number)
-                    same = same and sent == xxhash.xxh3_64_hexdigest(chunk)
+                parts[len(parts) + 1] = xxhash.xxh3_64_hexdigest(chunk)
         if (seen, whole.hexdigest()) != (size, digest):
             raise BytesChangedError("its bytes in the tier no longer match their digest")
-        return same
+        return parts
 
     def abort(self) -> None:
         """Drop the upload: nothing of it reaches the store."""
