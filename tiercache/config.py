@@ -8,14 +8,18 @@ option.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
-from collections.abc import Mapping
+import warnings
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, get_args
+
+from fsspec.registry import available_protocols
 
 from tiercache.errors import ConfigError
 
@@ -314,15 +318,13 @@ class TierCacheConfig:
     def from_options(
         cls, options: Mapping[str, Any], environ: Mapping[str, str] | None = None
     ) -> TierCacheConfig:
-        """Build a config from keyword options, falling back to ``TIERCACHE_*`` variables."""
+        """Build a config from keyword options, falling back to ``TIERCACHE_*`` variables.
+
+        Keys that are not options are ignored (see ``accepted_options``); a bad value of an
+        option raises ``ConfigError``.
+        """
         environ = os.environ if environ is None else environ
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(options) - names)
-        if unknown:
-            raise ConfigError(
-                f"unknown tiercache option(s): {', '.join(unknown)}; "
-                f"known options: {', '.join(sorted(names))}"
-            )
+        options = accepted_options(options, {f.name for f in dataclasses.fields(cls)}, "tiercache")
         values: dict[str, Any] = {}
         for field in dataclasses.fields(cls):
             env_name = "TIERCACHE_" + field.name.upper()
@@ -331,6 +333,60 @@ class TierCacheConfig:
             elif env_name in environ:
                 values[field.name] = _coerce(field.name, environ[env_name], source=env_name)
         return cls(**values)
+
+
+# Keyword arguments fsspec hands to filesystems (AbstractFileSystem, AsyncFileSystem, DirCache,
+# the instance cache) and those of its chaining: another layer's business, never a typo of ours.
+FSSPEC_OPTIONS = frozenset(
+    {
+        "asynchronous",
+        "loop",
+        "batch_size",
+        "skip_instance_cache",
+        "use_listings_cache",
+        "listings_expiry_time",
+        "max_paths",
+        "add_docs",
+        "add_aliases",
+        "fo",
+        "target_protocol",
+        "target_options",
+    }
+)
+# How close (difflib's ratio) an unknown key must be to an option's name to be reported as a
+# typo of it: a looser match would report other tools' keys ("timeout", "cache_dir").
+TYPO_CUTOFF = 0.75
+
+
+def accepted_options(
+    options: Mapping[str, Any], known: Collection[str], owner: str
+) -> dict[str, Any]:
+    """The entries of ``options`` that ``known`` names; the others are ignored.
+
+    Clients put keys of their own in storage options (HF ``datasets`` adds ``hf``, zarr
+    ``asynchronous``, a rebuilt chained URL ``fo`` and ``target_*``), so an unknown key is no
+    error. One that looks like a typo of a known name gets a ``UserWarning`` naming both.
+    """
+    accepted: dict[str, Any] = {}
+    protocols: set[str] | None = None
+    for name, value in options.items():
+        if name in known:
+            accepted[name] = value
+            continue
+        if name in FSSPEC_OPTIONS or not isinstance(name, str):
+            continue
+        if protocols is None:
+            protocols = set(available_protocols())
+        if name in protocols:  # another filesystem's options, e.g. ``hf={...}``
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=TYPO_CUTOFF)
+        if close:
+            warnings.warn(
+                f"unknown {owner} option {name!r} ignored: did you mean {close[0]!r}?",
+                UserWarning,
+                stacklevel=5,  # the caller of a filesystem's constructor (through fsspec's)
+            )
+    return accepted
 
 
 def dir_mode_for(file_mode: int) -> int:

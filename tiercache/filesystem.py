@@ -3,22 +3,27 @@
 It owns the pieces and wires them together; the data paths live in ``read_path`` (reads),
 ``write_behind``/``write_through`` (writes), ``tiers`` and ``store``. Listings and metadata
 come from the store (not cached) merged with pending writes; object bytes come through the
-local tier.
+local tier. One class has both of fsspec's faces: the blocking methods, and their coroutine
+twins (``_cat_file``, ``_info``, ``open_async`` …) for ``asynchronous=True`` callers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import datetime
 import os
 import shutil
 import time
+import warnings
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from fsspec.utils import stringify_path
 
+from tiercache.async_face import ASYNC_THREADS, AsyncFace
 from tiercache.block_file import BlockFile
 from tiercache.cached_file import CachedFile
 from tiercache.config import TierCacheConfig
@@ -37,47 +42,73 @@ from tiercache.read_path import source_url
 from tiercache.runtime import runtime_for
 from tiercache.store.base import ObjectInfo, ObjectStore
 from tiercache.store.retry import RetryPolicy
-from tiercache.store.s3_options import S3Options
+from tiercache.store.s3_options import STORE_OPTION_NAMES, S3Options
 from tiercache.tiers.local import EvictionReport, LocalTier
 from tiercache.write.keys import check_writable_key
 from tiercache.write.reconcile import reconcile
 from tiercache.write.staged import Committer, StagedWriteFile
 
 try:  # fsspec >= 2025.x marks filesystems meant to be chained (``tiercache::s3://``)
-    from fsspec.implementations.chained import ChainedFileSystem as _Base
+    from fsspec.implementations.chained import ChainedFileSystem as _Chained
 except ImportError:  # pragma: no cover - older fsspec passes ``fo`` all the same
-    from fsspec import AbstractFileSystem as _Base
+    from fsspec import AbstractFileSystem as _Chained
 
-_PREFIXES = ("tiercache::", "tiercache://", "s3://", "s3a://")
+
+_PREFIXES = (
+    "tiercache::",
+    "tiercache://",
+    "tiercache-async::",
+    "tiercache-async://",
+    "s3://",
+    "s3a://",
+)
 _TARGETS = ("s3", "s3a")
 _STATS_SCAN_AGE = 10.0  # seconds a tier scan serves ``stats()``
 
 
-class TierCacheFileSystem(_Base):  # type: ignore[misc]
+class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
     """Read S3 objects through a node-local cache tier; write them through to S3.
 
     Options (keyword arguments, or ``tiercache={...}`` in ``fsspec.open``) are those of
     ``TierCacheConfig``; the store's options go in ``target_options`` (``s3={...}`` in a chained
     URL): ``endpoint_url``, ``key``, ``secret``, ``token``, ``profile``, ``region``,
-    ``addressing_style``, ``anon``, ``client_kwargs``, ``config_kwargs``.
+    ``addressing_style``, ``anon``, ``client_kwargs``, ``config_kwargs``. fsspec's own keyword
+    arguments (``asynchronous``, ``loop``, ``batch_size``, ``skip_instance_cache`` …) are
+    accepted; other keys are ignored, a likely typo of an option with a ``UserWarning``.
+
+    With ``asynchronous=True`` (what zarr and xarray ask for) the coroutine methods are the
+    API: each runs the blocking method in a pool of ``async_threads`` threads. Both faces share
+    one runtime (tier, single-flight table, prefetcher, counters), so an async read joins a
+    fetch a sync reader or the prefetcher started.
     """
 
     protocol = ("tiercache",)
     root_marker = ""
+    # The blocking methods are the implementation, called directly (fork-safe, no event
+    # loop); fsspec must not replace them with wrappers that run the coroutines on its loop.
+    mirror_sync_methods = False
 
     def __init__(
         self,
         target_protocol: str | None = None,
-        target_options: dict[str, Any] | None = None,
+        target_options: Mapping[str, Any] | None = None,
         fo: str | None = None,
         store: ObjectStore | None = None,
+        *,
+        asynchronous: bool = False,
+        loop: asyncio.AbstractEventLoop | None = None,
+        batch_size: int | None = None,
+        async_threads: int = ASYNC_THREADS,
         **options: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(asynchronous=asynchronous, loop=loop, batch_size=batch_size)
         if target_protocol not in (None, *_TARGETS):
             raise ConfigError(
                 f"target_protocol {target_protocol!r} is not supported; tiercache caches s3://"
             )
+        if target_options is None and isinstance(options.get("s3"), Mapping):
+            target_options = options["s3"]  # ``tiercache://bucket/key`` URLs: ``s3={...}``
+        _warn_store_options_here(options)
         config = TierCacheConfig.from_options(options)
         s3_options = (
             None if store is not None else S3Options.from_storage_options(target_options or {})
@@ -89,6 +120,7 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         self.tier = runtime.tier
         self.read_path = runtime.read_path
         self._stats = runtime.stats
+        self._start_pool(async_threads)
 
     def __repr__(self) -> str:
         return (
@@ -375,13 +407,10 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
         for bucket in buckets:
             self.store.delete_bucket(bucket)
 
-    def _rm(self, path: str) -> None:
+    def rm_file(self, path: str) -> None:
         bucket, key = self.split_path(path)
         if key:
             self._delete(bucket, [key])
-
-    def rm_file(self, path: str) -> None:
-        self._rm(path)
 
     def _delete(self, bucket: str, keys: Iterable[str]) -> None:
         keys = sorted(set(keys))  # claims in one order: two deleters never wait on each other
@@ -624,6 +653,19 @@ class TierCacheFileSystem(_Base):  # type: ignore[misc]
             out["shared_max_bytes"] = shared.max_bytes
             out["leases_broken"] = shared.leases.broken
         return out
+
+
+def _warn_store_options_here(options: Mapping[str, Any]) -> None:
+    """Store options among the cache's would be ignored: say where they go instead."""
+    cache_options = {f.name for f in dataclasses.fields(TierCacheConfig)}
+    misplaced = sorted(set(options) & STORE_OPTION_NAMES - cache_options)
+    if misplaced:
+        warnings.warn(
+            f"store option(s) {', '.join(misplaced)} ignored here: pass them in target_options "
+            "(s3={...} in a chained URL)",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def _fill_budget(tier: LocalTier) -> Budget:

@@ -31,7 +31,7 @@ def test_an_asyncio_program_reads_through_the_cache(
     }
 
     async def program() -> dict[str, Any]:
-        fs = AsyncTierCacheFileSystem(asynchronous=True, **options)
+        fs = TierCacheFileSystem(asynchronous=True, **options)
         paths = [f"{bucket}/{k}" for k in blobs]
         # Three concurrent readers per object: one GET each (the single-flight table).
         reads = await asyncio.gather(*(fs._cat_file(p) for p in paths for _ in range(3)))
@@ -83,9 +83,34 @@ def test_the_async_protocol_is_registered_and_works_synchronously(
         local_dir=str(tmp_path / "tier"),
         skip_instance_cache=True,
     )
-    assert isinstance(fs, AsyncTierCacheFileSystem)
+    # The former name is the one filesystem class under another protocol name.
+    assert isinstance(fs, AsyncTierCacheFileSystem) and isinstance(fs, TierCacheFileSystem)
     assert fs.cat_file(f"tiercache-async://{bucket}/obj") == b"hello async"
     with fs.open(f"{bucket}/obj") as f:
         assert f.read() == b"hello async"
-    fs.sync_fs.wait_fetches()
-    assert fs.sync_fs.is_cached(f"{bucket}/obj")
+    assert fs.sync_fs is fs
+    fs.wait_fetches()
+    assert fs.is_cached(f"{bucket}/obj")
+
+
+def test_async_rm_deletes_in_batches(s3: Any, s3_client: Any, bucket: str, tmp_path: Path) -> None:
+    for i in range(5):
+        s3_client.put_object(Bucket=bucket, Key=f"gone/k{i}", Body=b"x")
+    s3_client.put_object(Bucket=bucket, Key="kept", Body=b"x")
+
+    async def program() -> dict[str, int]:
+        fs = TierCacheFileSystem(
+            asynchronous=True,
+            target_options=s3.target_options(),
+            local_dir=str(tmp_path / "tier"),
+            skip_instance_cache=True,
+        )
+        await fs._rm(f"{bucket}/gone", recursive=True)
+        counts: dict[str, int] = fs.stats()["store_requests"]
+        return counts
+
+    counts = asyncio.run(program())
+    # One DeleteObjects for the five keys, as the blocking rm sends; no DeleteObject per key.
+    assert counts.get("DeleteObjects") == 1 and not counts.get("DeleteObject")
+    listed = s3_client.list_objects_v2(Bucket=bucket).get("Contents", [])
+    assert [o["Key"] for o in listed] == ["kept"]

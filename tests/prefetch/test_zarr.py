@@ -12,11 +12,11 @@ np = pytest.importorskip("numpy")
 
 from zarr.storage import FsspecStore  # noqa: E402
 
-from tiercache.async_api import AsyncTierCacheFileSystem  # noqa: E402
+from tiercache import TierCacheFileSystem  # noqa: E402
 
 
 def _store(s3: Any, bucket: str, local_dir: Path) -> FsspecStore:
-    fs = AsyncTierCacheFileSystem(
+    fs = TierCacheFileSystem(
         asynchronous=True,  # what zarr expects: it awaits the methods on its own loop
         target_options=s3.target_options(),
         local_dir=str(local_dir),
@@ -34,7 +34,7 @@ def test_zarr_reads_chunks_through_the_cache(s3: Any, bucket: str, tmp_path: Pat
     written[:] = data
 
     reader = _store(s3, bucket, tmp_path / "r")
-    fs: AsyncTierCacheFileSystem = reader.fs
+    fs: TierCacheFileSystem = reader.fs
     opened = zarr.open_array(reader, mode="r")
     assert np.array_equal(opened[:], data)
     gets = fs.stats()["store_requests"]["GetObject"]

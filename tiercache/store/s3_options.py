@@ -7,10 +7,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tiercache.config import accepted_options
 from tiercache.errors import ConfigError
 from tiercache.store.endpoint import canonical_endpoint, canonical_namespace, check_endpoint
 
-__all__ = ["AddressingStyle", "S3Options", "canonical_endpoint", "canonical_namespace"]
+__all__ = [
+    "STORE_OPTION_NAMES",
+    "AddressingStyle",
+    "S3Options",
+    "canonical_endpoint",
+    "canonical_namespace",
+]
 
 AddressingStyle = Literal["auto", "path", "virtual"]
 
@@ -25,12 +32,14 @@ _ALIASES = {
     "default_block_size": None,  # fsspec buffering knobs: tiercache has its own
     "default_fill_cache": None,
     "default_cache_type": None,
-    "skip_instance_cache": None,
-    "use_listings_cache": None,
-    "listings_expiry_time": None,
-    "asynchronous": None,
-    "loop": None,
 }
+# s3fs options that change what is stored or who pays: ignoring them would be silent harm.
+_UNSUPPORTED = {
+    "s3_additional_kwargs": "extra request arguments (encryption, ACLs) are not sent",
+    "requester_pays": "requester-pays buckets are not supported",
+    "version_aware": "object versions are not read",
+}
+_NESTED = ("client_kwargs", "config_kwargs")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,9 +75,17 @@ class S3Options:
 
     @classmethod
     def from_storage_options(cls, options: Mapping[str, Any]) -> S3Options:
-        """Accept s3fs's names (``key``, ``secret``, ``client_kwargs``, ``config_kwargs``)."""
+        """Accept s3fs's names (``key``, ``secret``, ``client_kwargs``, ``config_kwargs``).
+
+        Other keys are ignored as ``TierCacheConfig.from_options`` ignores them (a likely
+        typo with a ``UserWarning``). A filesystem's ``target_options`` handed down one level
+        too far, as a client rebuilding a chained URL does, give the options not set here.
+        """
+        options = _lift_target_options(options)
         flat: dict[str, Any] = {}
-        for name, value in options.items():
+        for name, value in accepted_options(options, _ACCEPTED, "s3").items():
+            if name in _UNSUPPORTED:
+                raise ConfigError(f"s3 option {name} is not supported: {_UNSUPPORTED[name]}")
             if name == "client_kwargs":
                 flat.update(_from_client_kwargs(value))
             elif name == "config_kwargs":
@@ -78,13 +95,24 @@ class S3Options:
                     flat[str(_ALIASES[name])] = value
             else:
                 flat[name] = value
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(flat) - known)
-        if unknown:
-            raise ConfigError(
-                f"unknown s3 option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-            )
         return cls(**flat)
+
+
+# The names that configure the store (what a caller means to reach it), and all it accepts.
+STORE_OPTION_NAMES = frozenset(
+    {f.name for f in dataclasses.fields(S3Options)}
+    | {alias for alias, name in _ALIASES.items() if name is not None}
+    | set(_NESTED)
+)
+_ACCEPTED = STORE_OPTION_NAMES | set(_ALIASES) | set(_UNSUPPORTED)
+
+
+def _lift_target_options(options: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``options`` with a nested ``target_options`` (for s3) merged under its own keys."""
+    nested = options.get("target_options")
+    if not isinstance(nested, Mapping) or options.get("target_protocol") not in (None, "s3", "s3a"):
+        return options
+    return {**_lift_target_options(nested), **options}
 
 
 def _from_client_kwargs(value: Any) -> dict[str, Any]:
