@@ -1,8 +1,15 @@
-"""Committed checkpoints: which directories' commit markers reached the store, newest first.
+"""Checkpoints: whose commit markers reached the store (newest first), whose are held back.
 
 When an uploader lands a commit marker it records the directory here (one small file per
 checkpoint under ``ROOT/checkpoints/``, so no file is rewritten by everyone). Eviction keeps the
 entries of the newest ``keep_checkpoints`` of them, so a restart reads them at local speed.
+
+A distributed checkpoint's ranks write through several tiers (nodes); the one whose tier holds
+the marker cannot see the others' uploads. ``CommitHolds`` keeps its marker from the store
+until the ranks agree that every data file is there: one file per held directory under
+``ROOT/commit-holds/``, naming the process that holds it. The hold is on disk, not in memory,
+so a holder killed before the ranks agreed leaves its marker held (never uploaded by whoever
+resumes the journal); the uploader reports such a marker as failed once its holder is gone.
 """
 
 from __future__ import annotations
@@ -10,27 +17,37 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
+import socket
 import time
 
-from tiercache.tiers.entry import EntryMeta, write_atomically
+from tiercache.tiers.entry import EntryMeta, read_small_file, write_atomically
+
+
+def _source(bucket: str, directory: str) -> str:
+    return f"s3://{bucket}/{directory}/" if directory else f"s3://{bucket}/"
+
+
+def _file_name(source: str) -> str:
+    return hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest() + ".json"
 
 
 class CheckpointRegistry:
-    """The committed checkpoints of one tier."""
+    """The committed checkpoints of one tier, and the commit markers held back in it."""
 
     def __init__(self, root: str, keep: int, file_mode: int, dir_mode: int) -> None:
         self.dir = os.path.join(root, "checkpoints")
         os.makedirs(self.dir, mode=dir_mode, exist_ok=True)
+        self.holds = CommitHolds(root, file_mode, dir_mode)
         self._keep = keep
         self._file_mode = file_mode
         self._cached: tuple[float, tuple[str, ...]] = (0.0, ())
 
     def committed(self, bucket: str, directory: str) -> None:
         """Record that the checkpoint in ``s3://bucket/directory/`` is complete in the store."""
-        source = f"s3://{bucket}/{directory}/" if directory else f"s3://{bucket}/"
-        name = hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
+        source = _source(bucket, directory)
         payload = json.dumps({"source": source, "committed_at": time.time()}).encode()
-        write_atomically(os.path.join(self.dir, name + ".json"), payload, self._file_mode)
+        write_atomically(os.path.join(self.dir, _file_name(source)), payload, self._file_mode)
         self._cached = (0.0, ())
 
     def newest(self) -> tuple[str, ...]:
@@ -54,3 +71,110 @@ class CheckpointRegistry:
     def keeps(self, meta: EntryMeta) -> bool:
         """True if the entry belongs to one of the newest checkpoints."""
         return meta.source.startswith(self.newest())
+
+
+class CommitHolds:
+    """Directories whose commit marker must not be uploaded yet, by whom they are held."""
+
+    def __init__(self, root: str, file_mode: int, dir_mode: int) -> None:
+        self.dir = os.path.join(root, "commit-holds")
+        self._file_mode = file_mode
+        self._dir_mode = dir_mode
+
+    def _path(self, bucket: str, directory: str) -> str:
+        return os.path.join(self.dir, _file_name(_source(bucket, directory)))
+
+    def hold(self, bucket: str, directory: str) -> str:
+        """Hold the marker of ``s3://bucket/directory/`` (replacing any earlier hold) until
+        ``release`` with the token returned. Durable before it returns."""
+        os.makedirs(self.dir, mode=self._dir_mode, exist_ok=True)
+        token = secrets.token_hex(8)
+        pid = os.getpid()
+        row = {
+            "source": _source(bucket, directory),
+            "token": token,
+            "host": socket.gethostname(),
+            "pid": pid,
+            "started": _start_ticks(pid),
+            "held_at": time.time(),
+        }
+        write_atomically(self._path(bucket, directory), json.dumps(row).encode(), self._file_mode)
+        _fsync_dir(self.dir)  # the hold is on disk before the marker it holds can be
+        return token
+
+    def release(self, bucket: str, directory: str, token: str | None) -> bool:
+        """Lift the hold if it is still ``token``'s (None: whoever holds it); True if lifted."""
+        path = self._path(bucket, directory)
+        if token is not None:
+            row = self._read(path)
+            if row is None or row.get("token") != token:
+                return False
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def held(self, bucket: str, directory: str) -> bool:
+        """True while the directory's marker is held."""
+        return os.path.exists(self._path(bucket, directory))
+
+    def orphaned(self, bucket: str, directory: str) -> int | None:
+        """The pid of a holder on this host that is gone (nothing will release its hold)."""
+        row = self._read(self._path(bucket, directory))
+        if row is None or row.get("host") != socket.gethostname():
+            return None
+        pid, started = row.get("pid"), row.get("started")
+        if not isinstance(pid, int) or _alive(pid, started):
+            return None
+        return pid
+
+    def _read(self, path: str) -> dict[str, object] | None:
+        raw = read_small_file(path, 1 << 16)
+        if raw is None:
+            return None
+        try:
+            row = json.loads(raw)
+        except ValueError:
+            return None
+        return row if isinstance(row, dict) else None
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state first), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    return text.rpartition(")")[2].split()
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When the process started (clock ticks since boot): tells a reused pid apart."""
+    fields = _proc_stat(pid)
+    return int(fields[19]) if fields is not None and len(fields) > 19 else None
+
+
+def _alive(pid: int, started: object) -> bool:
+    """Is the process that held this pid (and started then) still running?"""
+    if os.path.isdir("/proc/self"):
+        fields = _proc_stat(pid)
+        if fields is None or fields[0] in ("Z", "X"):  # gone, or a zombie nobody reaped
+            return False
+        return started is None or _start_ticks(pid) == started
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

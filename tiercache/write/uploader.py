@@ -337,7 +337,7 @@ class Uploader:
                 self._give_up(entry_id)
                 return True
             if self._waits_for_siblings(record):
-                self._defer(entry_id)
+                self._defer_or_fail_marker(record)
                 return True
             try:
                 info = self._upload_generation(record)
@@ -375,10 +375,13 @@ class Uploader:
         return not forced and deadline is not None and time.time() - record.created_at > deadline
 
     def _waits_for_siblings(self, record: Record) -> bool:
-        """A commit marker goes last: wait while anything else under its directory is pending."""
+        """A commit marker goes last: wait while anything else under its directory is pending,
+        or while the directory is held (other tiers' files of the checkpoint, not seen here)."""
         if posixpath.basename(record.key) != self._config.commit_marker:
             return False
         directory = posixpath.dirname(record.key)
+        if self._checkpoints.holds.held(record.bucket, directory):
+            return True
         prefix = f"{directory}/" if directory else ""
         return any(
             other.bucket == record.bucket
@@ -396,6 +399,21 @@ class Uploader:
                 f"upload deadline passed ({attempts.last_error or 'no error recorded'}); "
                 "the object stays dirty until `tiercache flush` uploads it"
             )
+
+    def _defer_or_fail_marker(self, record: Record) -> None:
+        """Park a waiting marker, unless its hold outlived its holder: then nothing will lift
+        it, and the marker is reported failed (never uploaded)."""
+        directory = posixpath.dirname(record.key)
+        holder = self._checkpoints.holds.orphaned(record.bucket, directory)
+        if holder is None:
+            self._defer(record.entry_id)
+            return
+        self._state.failed(
+            record,
+            f"its checkpoint was never committed: process {holder}, which held it until every "
+            "rank's files were in the store, is gone; save the checkpoint again, or discard it",
+        )
+        self._stats.add("uploads_failed")
 
     def _defer(self, entry_id: str) -> None:
         """Park a commit marker; every finished upload puts the parked ones back in line."""
