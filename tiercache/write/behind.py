@@ -152,6 +152,7 @@ class WriteBehind:
                 if record.state == "failed":
                     self._state.retry(record.entry_id)
         self._uploader.retry_now([r.entry_id for r in self.pending(prefix) if r.state == "dirty"])
+        finished = self._uploader.wait_finished(-1, 0)
         while True:
             remaining = self.pending(prefix)
             dirty = [r for r in remaining if r.state == "dirty"]
@@ -162,7 +163,8 @@ class WriteBehind:
                     f"{len(dirty)} object(s) still pending after {timeout} s, e.g. "
                     f"{dirty[0].source}: {self._uploader.last_error(dirty[0].entry_id)[1]}"
                 )
-            time.sleep(_POLL)
+            # Woken as soon as an upload of this process ends; others' are seen by polling.
+            finished = self._uploader.wait_finished(finished, _POLL)
         if remaining:
             names = [r.name for r in remaining]
             details = "; ".join(f"{r.name} ({r.state}: {r.error})" for r in remaining[:5])

@@ -112,6 +112,7 @@ class Uploader:
         self._deferred: set[str] = set()  # commit markers waiting for their directory
         self._writers = 0
         self._last_write = 0.0
+        self._finished = 0  # uploads this process ended (landed, failed or given back)
         self._started = False
         # Uploads begun while their file was written, by entry id: (generation, streamer).
         self._streams: dict[str, tuple[int, PartStreamer]] = {}
@@ -230,6 +231,13 @@ class Uploader:
                 return
             self._cond.wait(min(give_up - now, _QUIET_AFTER_WRITES))
 
+    def wait_finished(self, seen: int, timeout: float) -> int:
+        """Wait until an upload of this process ends after the ``seen``-th (at most
+        ``timeout`` seconds); return how many have ended."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._finished != seen, timeout)
+            return self._finished
+
     def last_error(self, entry_id: str) -> tuple[int, str]:
         """Attempts so far and the last error of one object, as seen by this process."""
         with self._cond:
@@ -304,6 +312,8 @@ class Uploader:
             finally:
                 with self._cond:
                     self._active.discard(entry_id)
+                    self._finished += 1
+                    self._cond.notify_all()
 
     def _failed(self, entry_id: str, exc: Exception) -> None:
         self._stats.add("upload_errors")
