@@ -5,19 +5,25 @@ would: through tiercache with ``shared_policy=serve`` (in place) and ``promote``
 that host's local tier on first read), beside a plain read of copies of the same bytes in a
 directory of the same filesystem. Part 2 starts N processes standing in for H hosts on an
 empty shared tier; they all read every shard, and the store's GETs are counted.
+
+With ``--cephfs`` the shared tier is a real distributed filesystem: ``scripts/cephfs.sh``
+starts CephFS and mounts it twice through ceph-fuse (two clients, two "hosts"); the filler
+writes through the first mount and every reader reads through the second.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import multiprocessing
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +51,13 @@ NOTES = (
     "crossed the link once).",
     "fill_from_store_mib_s: the first host's reads of every shard from the store into an "
     "empty shared tier (cat_file, then wait_fetches), median over --repeat.",
+    "store_get: the same shards read straight from the store with boto3 (one GET each, "
+    "through the emulator with --store-profile): what a host without the shared tier pays. "
+    "l1_warm: the promoting host reads every shard again, now from its local tier (local "
+    "disk). Local tiers are always on local disk (the temp dir), never on the shared "
+    "filesystem.",
+    "--cephfs: the filler's shared_dir (and the plain files) are written through one "
+    "ceph-fuse mount and read through the other, as a second host would.",
     "--store-profile runs every request to the store (the fill, the racing processes) "
     "through scripts/remote_store.py, the profile's numbers in params.store_profile; the "
     "upload and cleanup go straight to the server. The L2 reads never reach the store.",
@@ -63,10 +76,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=Path,
         help="directory on the shared filesystem to test (default: a temp dir, local disk)",
     )
+    p.add_argument(
+        "--cephfs",
+        action="store_true",
+        help="the shared tier on CephFS (scripts/cephfs.sh: two ceph-fuse mounts as two hosts; "
+        "needs root, /dev/fuse, and Ceph or apt-get to install it)",
+    )
     p.add_argument("--quick", action="store_true", help="4 x 16 MiB shards, 4 processes")
     common.add_run_args(p, DEFAULT_JSON)
     common.add_store_profile_arg(p)
     args = p.parse_args(argv)
+    if args.cephfs and args.shared_dir:
+        p.error("--cephfs and --shared-dir are exclusive")
     if args.quick:
         args.shards, args.shard_mib, args.processes, args.hosts = 4, 16, 4, 2
     return args
@@ -145,16 +166,40 @@ def _process(
     out.put((digests, stats["store_requests"].get("GetObject", 0), stats["bytes_fetched"]))
 
 
+@contextlib.contextmanager
+def _shared_views(args: argparse.Namespace, tmp: Path) -> Iterator[tuple[Path, Path]]:
+    """Where the first host and the other hosts see the shared filesystem (one dir, two views).
+
+    With ``--cephfs``, the two ceph-fuse mounts of ``scripts/cephfs.sh``, started here and
+    stopped at the end; else ``--shared-dir`` (or the temp dir) seen the same by every host.
+    """
+    if not args.cephfs:
+        base = args.shared_dir or tmp
+        yield base, base
+        return
+    base = Path(os.environ.get("CEPHFS_DIR", "/tmp/tiercache-cephfs"))
+    env = {**os.environ, "CEPHFS_DIR": str(base)}
+    script = str(REPO / "scripts" / "cephfs.sh")
+    subprocess.run(["bash", script, "start"], env=env, check=True, timeout=900)
+    try:
+        yield base / "hostA", base / "hostB"
+    finally:
+        subprocess.run(["bash", script, "stop"], env=env, check=False, timeout=120)
+
+
 def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[str, Any]:
     client = common.make_client(endpoint)  # straight to the server: upload and cleanup
     bucket = f"tc-shared-bench-{os.getpid()}"
     client.create_bucket(Bucket=bucket)
     try:
-        with common.remote_store(endpoint, args.store_profile, args.store_cores) as (
-            store,
-            profile,
+        with (
+            _shared_views(args, tmp) as views,
+            common.remote_store(endpoint, args.store_profile, args.store_cores) as (
+                store,
+                profile,
+            ),
         ):
-            return benchmark_through(args, store, profile, client, bucket, tmp)
+            return benchmark_through(args, store, profile, client, bucket, tmp, views)
     finally:
         pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket)
         for page in pages:
@@ -164,6 +209,20 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[s
         client.delete_bucket(Bucket=bucket)
 
 
+def _store_get(
+    endpoint: Endpoint, bucket: str, names: list[str], chunk: int
+) -> tuple[float, dict[str, str]]:
+    """Every shard read straight from the store (through the emulator, if any)."""
+    client = common.make_client(endpoint)
+    client.head_bucket(Bucket=bucket)  # connection and credentials outside the timer
+
+    def open_object(name: str) -> Any:
+        body = client.get_object(Bucket=bucket, Key=name.split("/", 1)[1])["Body"]
+        return contextlib.closing(body)
+
+    return _read_all(open_object, names, chunk)
+
+
 def benchmark_through(
     args: argparse.Namespace,
     endpoint: Endpoint,
@@ -171,11 +230,13 @@ def benchmark_through(
     client: Any,
     bucket: str,
     tmp: Path,
+    views: tuple[Path, Path],
 ) -> dict[str, Any]:
     """Both parts, every request to the store through ``endpoint`` (the emulated store)."""
-    base = args.shared_dir or tmp
-    work = base / f"tiercache-shared-bench-{os.getpid()}"
+    name = f"tiercache-shared-bench-{os.getpid()}"
+    work, seen = views[0] / name, views[1] / name  # written by the first host, read by others
     work.mkdir(parents=True)
+    local = tmp / "local-tiers"  # each host's local tier: local disk
     size = args.shard_mib * MiB
     expected: dict[str, str] = {}
     plain = work / "plain"
@@ -195,34 +256,43 @@ def benchmark_through(
             "plain_copy_then_read": [],
             "l2_serve": [],
             "l2_promote": [],
+            "l1_warm": [],
+            "store_get": [],
         }
         fills = []
         for repeat in range(args.repeat):
-            shared = work / f"shared-{repeat}"
-            filler = _host_fs(endpoint, work / f"r{repeat}", shared, "filler")
+            filler = _host_fs(endpoint, local / f"r{repeat}", work / f"shared-{repeat}", "filler")
             common.build_client_now(filler)
             fill = 0.0
-            for name in names:  # timed per object: the check of its bytes is not
+            for path in names:  # timed per object: the check of its bytes is not
                 started = time.perf_counter()
-                data = filler.cat_file(name)
+                data = filler.cat_file(path)
                 fill += time.perf_counter() - started
-                if xxhash.xxh3_128(data).hexdigest() != expected[name]:
-                    raise VerifyError(f"the filler read wrong bytes of {name}")
+                if xxhash.xxh3_128(data).hexdigest() != expected[path]:
+                    raise VerifyError(f"the filler read wrong bytes of {path}")
             started = time.perf_counter()
             filler.wait_fetches()
             fills.append(fill + time.perf_counter() - started)
-            plain_names = [str(plain / Path(n).name) for n in names]
+            plain_names = [str(seen / "plain" / Path(n).name) for n in names]
             elapsed, got = _read_all(io.FileIO, plain_names, chunk)
             if list(got.values()) != list(expected.values()):
                 raise VerifyError("plain read differs")
             samples["plain_same_fs"].append(elapsed)
-            elapsed, got = _copy_then_read(plain_names, work / f"copies-{repeat}", chunk)
+            elapsed, got = _copy_then_read(plain_names, seen / f"copies-{repeat}", chunk)
             if list(got.values()) != list(expected.values()):
                 raise VerifyError("plain copy differs")
             samples["plain_copy_then_read"].append(elapsed)
+            elapsed, got = _store_get(endpoint, bucket, names, chunk)
+            if got != expected:
+                raise VerifyError("store read differs")
+            samples["store_get"].append(elapsed)
             for policy in ("serve", "promote"):
                 reader = _host_fs(
-                    endpoint, work / f"r{repeat}", shared, f"reader-{policy}", shared_policy=policy
+                    endpoint,
+                    local / f"r{repeat}",
+                    seen / f"shared-{repeat}",
+                    f"reader-{policy}",
+                    shared_policy=policy,
                 )
                 common.build_client_now(reader)
                 elapsed, got = _read_all(reader.open, names, chunk)
@@ -231,9 +301,13 @@ def benchmark_through(
                 if reader.stats()["fetches"]:
                     raise VerifyError(f"l2_{policy} fetched from the store")
                 samples[f"l2_{policy}"].append(elapsed)
+            elapsed, got = _read_all(reader.open, names, chunk)  # promoted: now local
+            if got != expected or reader.stats()["hits"] < 2 * len(names):
+                raise VerifyError("l1_warm read differs or missed the local tier")
+            samples["l1_warm"].append(elapsed)
         total = args.shards * size
         throughput = {k: total / MiB / statistics.median(v) for k, v in samples.items()}
-        race = _race(args, endpoint, work, names, expected)
+        race = _race(args, endpoint, local, (work, seen), names, expected)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {
@@ -244,7 +318,7 @@ def benchmark_through(
             "repeat": args.repeat,
             "processes": args.processes,
             "hosts": args.hosts,
-            "shared_dir": str(base),
+            "shared_dir": "cephfs (two ceph-fuse mounts)" if args.cephfs else str(views[0]),
             "store_profile": profile,
         },
         "machine": common.machine_info(endpoint),
@@ -254,6 +328,8 @@ def benchmark_through(
             "l2_serve_vs_plain_same_fs": throughput["l2_serve"] / throughput["plain_same_fs"],
             "l2_promote_vs_plain_copy_then_read": throughput["l2_promote"]
             / throughput["plain_copy_then_read"],
+            "l2_serve_vs_store_get": throughput["l2_serve"] / throughput["store_get"],
+            "l2_serve_vs_l1_warm": throughput["l2_serve"] / throughput["l1_warm"],
         },
         **race,
         "notes": list(NOTES),
@@ -263,29 +339,35 @@ def benchmark_through(
 def _race(
     args: argparse.Namespace,
     endpoint: Endpoint,
-    work: Path,
+    local: Path,
+    views: tuple[Path, Path],
     names: list[str],
     expected: dict[str, str],
 ) -> dict[str, float]:
-    """N processes as H hosts read every shard at once: GETs and copies per object."""
+    """N processes as H hosts read every shard at once: GETs and copies per object.
+
+    Host 0 sees the shared tier through the first view, the others through the second.
+    """
     ctx = multiprocessing.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
-    shared = str(work / "shared-race")
-    procs = [
-        ctx.Process(
-            target=_process,
-            args=(
-                endpoint.s3_options(),
-                str(work / "race"),
-                shared,
-                f"host{n % args.hosts}",
-                names,
-                start,
-                out,
-            ),
+    procs = []
+    for n in range(args.processes):
+        host = n % args.hosts
+        shared = str(views[0 if host == 0 else 1] / "shared-race")
+        procs.append(
+            ctx.Process(
+                target=_process,
+                args=(
+                    endpoint.s3_options(),
+                    str(local / "race"),
+                    shared,
+                    f"host{host}",
+                    names,
+                    start,
+                    out,
+                ),
+            )
         )
-        for n in range(args.processes)
-    ]
     for proc in procs:
         proc.start()
     start.set()

@@ -133,6 +133,12 @@ class LeaseLock:
         try:
             os.fchmod(fd, self.mode)
             os.write(fd, owner.to_json())
+        except BaseException:
+            # A full or over-quota filesystem refuses the owner's bytes: a lease file left
+            # behind would hold every other host's fetch of the entry for stale_after.
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
         finally:
             os.close(fd)
         _HEARTBEAT.add(path, owner.token, max(0.05, self.stale_after / 4))
