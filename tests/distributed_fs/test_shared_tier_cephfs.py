@@ -112,6 +112,7 @@ def test_a_dead_host_s_lease_is_taken_over_after_lease_stale_after(
 ) -> None:
     expected = _put(s3_client, bucket, {"big.bin": 24 * MiB})
     (path,) = expected
+    baseline = _put(s3_client, bucket, {"same-size.bin": 24 * MiB})
     # hostA's GET delivers 4 MiB, then stalls: the host dies in the middle of the fetch.
     proxy.truncate_next(1, after_bytes=4 * MiB, hold=60.0, method="GET")
     fetcher = hosts.start("hostA", lease_stale_after=2.0, fetch_concurrency=1)
@@ -142,7 +143,9 @@ def test_a_dead_host_s_lease_is_taken_over_after_lease_stale_after(
         assert refused.get("error") == "CacheTimeoutError", refused
         assert patient.call("stats")["leases_broken"] == 0
         taker = hosts.start("hostB", lease_stale_after=2.0, lock_timeout=60.0)
+        started = time.monotonic()
         assert taker.call("cat", paths=[path])["sha256"] == expected
+        took_over_in = time.monotonic() - started
         stats = taker.call("stats")
         assert (stats["leases_broken"], stats["fetches"]) == (1, 1)
         assert stats["bytes_fetched"] == 24 * MiB  # one copy (in ranged GETs)
@@ -150,6 +153,12 @@ def test_a_dead_host_s_lease_is_taken_over_after_lease_stale_after(
         assert len(_files(shared_b, "*.data")) == 1
         assert _files(shared_b, "*.part*") == []  # the dead fetcher's part file is gone
         assert _files(shared_b, "*.lock") == []
+        # Taken over within lease_stale_after (+ 5 s) of the host's death, its session being
+        # evicted at once: beyond the time an uncontended fetch of the same size takes.
+        started = time.monotonic()
+        assert taker.call("cat", paths=list(baseline))["sha256"] == baseline
+        fetch_alone = time.monotonic() - started
+        assert took_over_in - fetch_alone <= 2.0 + 5.0, (took_over_in, fetch_alone)
     finally:
         cephfs.remount("hostA")
     reborn = hosts.start("hostA")  # the host is back: it reads the published entry
