@@ -73,6 +73,16 @@ def make_cli(tmp_path: Path, endpoint_env: dict[str, str]) -> Cli:
     return Cli(env, local_dir)
 
 
+def mount_entry(report: Any, mountpoint: Path | str) -> Any:
+    """The entry of ``mountpoint`` in a ``status``/``stats`` report, or None.
+
+    Those reports list every tiercache mount on the host, so a test picks its own by mountpoint.
+    """
+    entries = [m for m in report["mounts"] if m["mountpoint"] == str(mountpoint)]
+    assert len(entries) <= 1, report["mounts"]
+    return entries[0] if entries else None
+
+
 def mounted(mountpoint: str) -> bool:
     return any(m.mountpoint == os.path.realpath(mountpoint) for m in active_mounts())
 
@@ -105,3 +115,11 @@ def cleanup_mount(cli: Cli, mountpoint: str, pid: int | None) -> None:
             time.sleep(0.05)
         if not _gone(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def stored_or_none(s3_client: Any, bucket: str, key: str) -> bytes | None:
+    """The object's bytes read straight from the store, or None when there is no such object."""
+    try:
+        return bytes(s3_client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    except s3_client.exceptions.NoSuchKey:
+        return None

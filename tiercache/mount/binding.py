@@ -39,6 +39,13 @@ def fuse_class(mountpoint: str) -> Any:
             )
             return done
 
+        def truncate_fuse_3(self, path: bytes | None, length: int, fip: Any) -> int:
+            # mfusepy drops the open file of an ftruncate; the mount needs it (no path is
+            # given for a file unlinked while open).
+            decoded = None if path is None else path.decode(self.encoding, self.errors)
+            done: int = self.operations.truncate(decoded, length, fip.contents if fip else None)
+            return done
+
         def init_fuse_3(self, conn: Any, config: Any) -> None:
             threading.Thread(
                 target=_raise_read_ahead, args=(mountpoint,), name="mount-readahead", daemon=True
@@ -46,6 +53,13 @@ def fuse_class(mountpoint: str) -> Any:
             super().init_fuse_3(conn, config)
 
     return FUSE
+
+
+def caller_pid() -> int:
+    """The pid of the process behind the FUSE request being served (0 when unknown)."""
+    import mfusepy  # noqa: PLC0415
+
+    return int(mfusepy.fuse_get_context()[2])
 
 
 def _raise_read_ahead(mountpoint: str) -> None:

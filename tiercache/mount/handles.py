@@ -1,24 +1,13 @@
-"""The mount's open files: read handles over cached objects, write handles over staged files.
-
-A FUSE write arrives as ``(bytes, offset)``. A write handle stages the object with
-``fs.open(path, "wb")`` and writes to the staged file's descriptor with ``pwrite``, so
-sequential writers (``cp``, ``dd``) and writers that seek back (a header patched at the end)
-both work; each ``flush`` (every ``close()`` of a descriptor) commits what was written through
-write-behind, so once ``close()`` returns the bytes are durable in the local tier and queued.
-"""
+"""The mount's open files: read handles over cached objects, entry handles over writable files."""
 
 from __future__ import annotations
 
 import errno
 import itertools
-import os
 import threading
 from typing import Any, Protocol
 
-from tiercache.errors import TierFullError
-from tiercache.write.staged import StagedWriteFile
-
-_COPY_CHUNK = 8 << 20
+from tiercache.mount.writable import WritableFile
 
 
 class ReadObserver(Protocol):
@@ -64,129 +53,55 @@ class ReadHandle:
         self._file.close()
 
 
-class WriteHandle:
-    """An object open for writing, staged in the local tier and committed on flush."""
+class EntryHandle:
+    """A descriptor of a file open for writing: reads and writes go to its ``WritableFile``.
 
-    def __init__(self, fs: Any, path: str, full: str, keep_contents: bool) -> None:
-        self.path = path
-        self.full = full
-        self._fs = fs
-        self._lock = threading.Lock()
-        self._file: StagedWriteFile | None = None
-        self._broken: OSError | None = None
-        self.dirty = not keep_contents  # a new or truncated file is committed even if empty
-        self._committed_size = 0
-        self._stage(copy_existing=keep_contents)
+    ``pending`` tracks whether this descriptor wrote (or opened for writing) since its last
+    ``flush``; a file none of whose descriptors is pending has been closed by every process
+    and only waits for the kernel's release.
+    """
 
-    def _stage(self, copy_existing: bool) -> None:
-        """Open a fresh staged file, starting from the object's bytes when they are kept."""
-        staged = self._fs.open(self.full, "wb")
-        try:
-            fd = staged.fileno()
-            if copy_existing:
-                with self._fs.open(self.full, "rb") as src:
-                    offset = 0
-                    while chunk := src.read(_COPY_CHUNK):
-                        offset += self._pwrite_all(fd, chunk, offset)
-        except FileNotFoundError:
-            pass  # nothing to keep: the object does not exist (yet)
-        except BaseException:
-            staged.discard()
-            raise
-        self._file = staged
+    def __init__(self, entry: WritableFile, writable: bool) -> None:
+        self.entry = entry
+        self.writable = writable
+        self.pending = False
+        if writable:
+            self._mark_pending()
 
-    @staticmethod
-    def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> int:
-        view = memoryview(data)
-        done = 0
-        while done < len(view):
-            done += os.pwrite(fd, view[done:], offset + done)
-        return done
+    @property
+    def path(self) -> str:
+        return self.entry.path
 
-    def _fd(self) -> int:
-        if self._file is None:  # written again after a commit (a dup'ed descriptor)
-            self._stage(copy_existing=True)
-        assert self._file is not None
-        return self._file.fileno()
+    def _mark_pending(self) -> None:
+        if not self.pending:
+            self.pending = True
+            self.entry.count_unclosed(1)
 
-    def write(self, data: bytes, offset: int) -> int:
-        with self._lock:
-            if self._broken is not None:
-                raise self._broken
-            try:
-                done = self._pwrite_all(self._fd(), data, offset)
-            except OSError as exc:
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                    # A file missing bytes must never be committed.
-                    self._broken = TierFullError(
-                        errno.ENOSPC, f"no space left in the local tier writing {self.path}"
-                    )
-                    raise self._broken from exc
-                raise
-            self.dirty = True
-            return done
+    def flushed(self) -> None:
+        if self.pending:
+            self.pending = False
+            self.entry.count_unclosed(-1)
 
     def read(self, size: int, offset: int) -> bytes:
-        with self._lock:
-            return os.pread(self._fd(), size, offset)
+        buffer = bytearray(size)
+        done = self.entry.read_into(memoryview(buffer), offset)
+        return bytes(buffer[:done])
 
     def read_into(self, buffer: memoryview, offset: int) -> int:
-        with self._lock:
-            return os.preadv(self._fd(), [buffer], offset)
+        return self.entry.read_into(buffer, offset)
 
-    def truncate(self, length: int) -> None:
-        with self._lock:
-            os.ftruncate(self._fd(), length)
-            self.dirty = True
-
-    def size(self) -> int:
-        with self._lock:
-            if self._file is None:
-                return self._committed_size
-            return os.fstat(self._file.fileno()).st_size
-
-    def fsync(self) -> None:
-        with self._lock:
-            if self._file is not None:
-                os.fsync(self._file.fileno())
-
-    def commit(self) -> int | None:
-        """Hand what was written to write-behind; returns the committed size (None: nothing)."""
-        with self._lock:
-            if self._broken is not None:
-                self._discard()
-                raise self._broken
-            if self._file is None:
-                return None
-            if not self.dirty:
-                self._discard()
-                return None
-            size = os.fstat(self._file.fileno()).st_size
-            staged, self._file = self._file, None
-            staged.close()  # fsync, journal, publish: durable before close() returns
-            self.dirty = False
-            self._committed_size = size
-            return size
-
-    def close(self) -> None:
-        """Commit anything not yet committed (release without a flush)."""
-        try:
-            self.commit()
-        finally:
-            with self._lock:
-                self._discard()
-
-    def _discard(self) -> None:
-        if self._file is not None:
-            self._file.discard()
-            self._file = None
+    def write(self, data: bytes, offset: int) -> int:
+        if not self.writable:
+            raise OSError(errno.EBADF, "not open for writing")
+        self._mark_pending()
+        return self.entry.write(data, offset)
 
 
-Handle = ReadHandle | WriteHandle
+Handle = ReadHandle | EntryHandle
 
 
 class HandleTable:
-    """Open handles by number (the ``fh`` the kernel passes back), and writers by path."""
+    """Open handles by number (the ``fh`` the kernel passes back)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -209,24 +124,6 @@ class HandleTable:
     def pop(self, number: int) -> Handle | None:
         with self._lock:
             return self._handles.pop(number, None)
-
-    def writer_for(self, path: str) -> WriteHandle | None:
-        """The newest handle writing ``path`` (its size is the file's size while it is open)."""
-        with self._lock:
-            writers = [h for h in self._handles.values() if isinstance(h, WriteHandle)]
-        for handle in reversed(writers):
-            if handle.path == path:
-                return handle
-        return None
-
-    def writers_under(self, directory: str) -> list[WriteHandle]:
-        prefix = directory.rstrip("/") + "/"
-        with self._lock:
-            return [
-                h
-                for h in self._handles.values()
-                if isinstance(h, WriteHandle) and h.path.startswith(prefix)
-            ]
 
     def pop_all(self) -> list[Handle]:
         with self._lock:

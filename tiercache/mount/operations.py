@@ -2,7 +2,8 @@
 
 Paths are those of the mount ("/a/b"), mapped onto ``bucket/prefix/a/b``. Attributes and
 listings come from the store through ``fs.info``/``fs.ls`` and are trusted for a short time
-(``AttrCache``); files open for writing are answered from their staged bytes. Every failure
+(``AttrCache``); files open for writing are answered by their ``WritableFile``, which every
+descriptor of the path shares and which is committed at the last release. Every failure
 becomes an errno (``errno_map``); nothing here raises past the binding.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import itertools
 import logging
 import os
 import posixpath
@@ -20,12 +22,18 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tiercache.mount.attrs import DIRECTORY, Attr, AttrCache, attr_from_info
+from tiercache.mount.caller import killed_by_signal
 from tiercache.mount.errno_map import errno_for
-from tiercache.mount.handles import HandleTable, ReadHandle, ReadObserver, WriteHandle
+from tiercache.mount.handles import EntryHandle, HandleTable, ReadHandle, ReadObserver
+from tiercache.mount.writable import WritableFile, WritableFiles
 
 log = logging.getLogger("tiercache.mount")
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# How long a rename waits for the release of a file every process has closed (the kernel
+# sends the release after close(2) returns, so ``close; rename`` can overtake it).
+RELEASE_WAIT = 2.0
 
 
 class FuseError(OSError):
@@ -73,6 +81,10 @@ class MountOperations:
     """The operations a FUSE binding calls; ``raw_fi`` style (``fi`` carries ``fh`` and flags)."""
 
     use_ns = True  # times in nanoseconds
+    # Operations on an open file find it by its handle, so libfuse need not look up a path
+    # for them; it has none for a file unlinked while open (which stays usable until closed).
+    flag_nopath = True
+    flag_nullpath_ok = True
 
     def __init__(
         self,
@@ -80,17 +92,24 @@ class MountOperations:
         root: str,
         options: MountOptions,
         observer: ReadObserver | None = None,
+        caller: Callable[[], int] | None = None,
     ) -> None:
         self.fs = fs
+        self.caller = caller  # the pid behind the current request (None: unknown)
         self.root = root.strip("/")
         self.options = options
         self.observer = observer
         self.handles = HandleTable()
+        self.writables = WritableFiles()
         self.cache = AttrCache(options.attr_ttl)
-        # Directories made here that the store has shown no objects in (object stores have
-        # no directories: a made one lives in the mount until rmdir).
+        # Directories made here (object stores have no directories: a made one lives in the
+        # mount until rmdir, whatever the store holds under it, so a name ``ls`` lists never
+        # stats as missing), and those of them the store has shown nothing under yet.
         self._made_dirs: set[str] = set()
+        self._fresh_dirs: set[str] = set()
         self._dirs_lock = threading.Lock()
+        self._open_dirs: dict[int, str] = {}  # opendir's handles (readdir gets no path)
+        self._dir_numbers = itertools.count(1)
         self._uid, self._gid = os.getuid(), os.getgid()
 
     # -- paths and attributes ----------------------------------------------------------------
@@ -105,17 +124,21 @@ class MountOperations:
     def _attr(self, path: str) -> Attr:
         if path == "/":
             return DIRECTORY
-        writer = self.handles.writer_for(path)
-        if writer is not None:
-            return Attr(False, writer.size(), time.time())
+        entry = self.writables.current(path)
+        if entry is not None:
+            return Attr(False, entry.size(), entry.mtime)
+        return self._stored_attr(path)
+
+    def _stored_attr(self, path: str) -> Attr:
+        """What the cache or the store says of ``path`` (files open here aside)."""
         with self._dirs_lock:
             if path in self._made_dirs:
                 return DIRECTORY
-            in_made_dir = posixpath.dirname(path) in self._made_dirs
+            in_fresh_dir = posixpath.dirname(path) in self._fresh_dirs
         known, attr = self.cache.get(path)
         if not known:
             full = self._full(path)
-            if in_made_dir and not self.fs.is_cached(full):
+            if in_fresh_dir and not self.fs.is_cached(full):
                 # The store held nothing under a directory this mount made (a new checkpoint
                 # directory), so a name not written here does not exist: no round trip needed.
                 attr = None
@@ -132,12 +155,48 @@ class MountOperations:
     def _stat(self, attr: Attr) -> dict[str, Any]:
         return attr.to_stat(self._uid, self._gid, writable=not self.options.read_only)
 
+    def _object_size(self, path: str) -> int | None:
+        try:
+            attr = self._stored_attr(path)
+        except FuseError as exc:
+            if exc.errno == errno.ENOENT:
+                return None
+            raise
+        return None if attr.is_dir else attr.size
+
     @answers_errno
-    def getattr(self, path: str, fh: Any = None) -> dict[str, Any]:
+    def getattr(self, path: str | None, fh: Any = None) -> dict[str, Any]:
+        if path is None:  # fstat: answered by the open file (it may be unlinked)
+            if fh is None:
+                raise FuseError(errno.ENOENT)
+            handle = self.handles.get(fh.fh)
+            if isinstance(handle, EntryHandle):
+                return self._stat(Attr(False, handle.entry.size(), handle.entry.mtime))
+            path = handle.path
         return self._stat(self._attr(path))
 
     @answers_errno
-    def readdir(self, path: str, fh: int) -> list[Any]:
+    def opendir(self, path: str) -> int:
+        if not self._attr(path).is_dir:
+            raise FuseError(errno.ENOTDIR)
+        with self._dirs_lock:
+            number = next(self._dir_numbers)
+            self._open_dirs[number] = path
+        return number
+
+    @answers_errno
+    def releasedir(self, path: str | None, fh: int) -> int:
+        with self._dirs_lock:
+            self._open_dirs.pop(fh, None)
+        return 0
+
+    @answers_errno
+    def readdir(self, path: str | None, fh: int) -> list[Any]:
+        if path is None:
+            with self._dirs_lock:
+                path = self._open_dirs.get(fh)
+            if path is None:
+                raise FuseError(errno.EBADF)
         names = self.cache.listing(path)
         if names is None:
             names = self._list(path)
@@ -154,15 +213,15 @@ class MountOperations:
             rows = []  # a prefix with nothing under it yet (the mount's root, a new directory)
         if any(not row.get("pending") for row in rows):
             with self._dirs_lock:  # the store has objects here now: ask it from now on
-                self._made_dirs.discard(path)
+                self._fresh_dirs.discard(path)
         for row in rows:
             name = posixpath.basename(str(row["name"]).rstrip("/"))
             if name and str(row["name"]).rstrip("/") != base:
                 children[self._child(path, name)] = attr_from_info(row)
-        for writer in self.handles.writers_under(path):
-            rest = writer.path[len(path.rstrip("/")) + 1 :]
+        for entry in self.writables.under(path):
+            rest = entry.path[len(path.rstrip("/")) + 1 :]
             if "/" not in rest:
-                children[writer.path] = Attr(False, writer.size(), time.time())
+                children[entry.path] = Attr(False, entry.size(), entry.mtime)
         with self._dirs_lock:
             for made in self._made_dirs:
                 if posixpath.dirname(made) == path:
@@ -179,110 +238,138 @@ class MountOperations:
 
     @answers_errno
     def open(self, path: str, fi: Any) -> int:
-        mode = fi.flags & os.O_ACCMODE
-        if mode == os.O_RDONLY:
-            writer = self.handles.writer_for(path)
-            if writer is not None:
-                writer.commit()  # a reader of a file being written sees what was written
-                self.cache.put(path, Attr(False, writer.size(), time.time()))
+        fi.direct_io = int(self.options.direct_io)
+        if fi.flags & os.O_ACCMODE == os.O_RDONLY:
+            entry = self.writables.attach(path)
+            if entry is not None:  # open for writing too: read what was written
+                fi.fh = self.handles.add(EntryHandle(entry, writable=False))
+                return 0
             file = self.fs.open(self._full(path), "rb")
             fi.fh = self.handles.add(ReadHandle(path, file))
             fi.keep_cache = int(self.options.keep_cache)
-            fi.direct_io = int(self.options.direct_io)
             if self.observer is not None:
                 self.observer.opened(path, int(getattr(file, "size", 0)))
             return 0
         self._writable()
         if self._attr(path).is_dir:
             raise FuseError(errno.EISDIR)
-        truncate = bool(fi.flags & os.O_TRUNC)
-        handle = WriteHandle(self.fs, path, self._full(path), keep_contents=not truncate)
-        fi.fh = self.handles.add(handle)
-        fi.direct_io = int(self.options.direct_io)
-        self.cache.forget(path)
+        fi.fh = self._open_entry(path, truncate=bool(fi.flags & os.O_TRUNC))
         return 0
 
     @answers_errno
     def create(self, path: str, mode: int, fi: Any) -> int:
         self._writable()
-        handle = WriteHandle(self.fs, path, self._full(path), keep_contents=False)
-        fi.fh = self.handles.add(handle)
         fi.direct_io = int(self.options.direct_io)
+        fi.fh = self._open_entry(path, truncate=True)
         self.cache.forget(path)
         return 0
 
+    def _open_entry(self, path: str, truncate: bool) -> int:
+        """Open ``path``'s writable file (shared with its other descriptors); a handle number."""
+        entry = self.writables.acquire(
+            path,
+            lambda: WritableFile(self.fs, path, self._full(path), lambda: self._object_size(path)),
+        )
+        handle = EntryHandle(entry, writable=True)
+        try:
+            if truncate:
+                entry.truncate(0)
+        except BaseException:
+            self._release(handle)
+            raise
+        return self.handles.add(handle)
+
     @answers_errno
-    def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:
+    def read(self, path: str | None, size: int, offset: int, fi: Any) -> bytes:
         handle = self.handles.get(fi.fh)
         if self.observer is not None:
-            self.observer.read(path, offset, size)
+            self.observer.read(handle.path, offset, size)
         return handle.read(size, offset)
 
     @answers_errno
-    def read_into(self, path: str, buffer: memoryview, offset: int, fi: Any) -> int:
+    def read_into(self, path: str | None, buffer: memoryview, offset: int, fi: Any) -> int:
         """``read`` straight into the binding's buffer: one copy less per request."""
         handle = self.handles.get(fi.fh)
         if self.observer is not None:
-            self.observer.read(path, offset, len(buffer))
+            self.observer.read(handle.path, offset, len(buffer))
         return handle.read_into(buffer, offset)
 
     @answers_errno
-    def write(self, path: str, data: bytes, offset: int, fi: Any) -> int:
+    def write(self, path: str | None, data: bytes, offset: int, fi: Any) -> int:
         handle = self.handles.get(fi.fh)
-        if not isinstance(handle, WriteHandle):
+        if not isinstance(handle, EntryHandle):
             raise FuseError(errno.EBADF)
         return handle.write(data, offset)
 
     @answers_errno
-    def truncate(self, path: str, length: int, fh: Any = None) -> int:
+    def truncate(self, path: str | None, length: int, fh: Any = None) -> int:
         self._writable()
-        writer = self.handles.writer_for(path)
-        if writer is not None:
-            writer.truncate(length)
+        if path is None:  # ftruncate: the open file (it may be unlinked)
+            handle = self.handles.get(fh.fh) if fh is not None else None
+            if not isinstance(handle, EntryHandle) or not handle.writable:
+                raise FuseError(errno.EBADF)
+            handle.entry.truncate(length)
+            return 0
+        entry = self.writables.current(path)
+        if entry is not None and entry.opens > 0:
+            entry.truncate(length)
             return 0
         if self._attr(path).is_dir:
             raise FuseError(errno.EISDIR)
-        # truncate(2) of a file nobody has open: rewrite the object at its new length.
-        handle = WriteHandle(self.fs, path, self._full(path), keep_contents=length > 0)
+        # truncate(2) of a file nobody has open: a short-lived open of its own.
+        number = self._open_entry(path, truncate=False)
+        handle = self.handles.pop(number)
+        assert isinstance(handle, EntryHandle)
         try:
-            handle.truncate(length)
-            self._committed(path, handle.commit())
+            handle.entry.truncate(length)
         finally:
-            handle.close()
+            handle.flushed()
+            self._release(handle)
         return 0
 
     @answers_errno
-    def flush(self, path: str, fi: Any) -> int:
+    def flush(self, path: str | None, fi: Any) -> int:
+        """A close(2) of a descriptor (of each duplicate): durable, but not committed yet."""
         handle = self.handles.get(fi.fh)
-        if isinstance(handle, WriteHandle):
-            self._committed(path, handle.commit())
+        if isinstance(handle, EntryHandle):
+            killed = handle.writable and self.caller is not None and killed_by_signal(self.caller())
+            handle.flushed()
+            handle.entry.flush(killed)
         return 0
 
     @answers_errno
-    def fsync(self, path: str, datasync: int, fi: Any) -> int:
+    def fsync(self, path: str | None, datasync: int, fi: Any) -> int:
         handle = self.handles.get(fi.fh)
-        if isinstance(handle, WriteHandle):
-            handle.fsync()
+        if isinstance(handle, EntryHandle):
+            handle.entry.fsync()
         return 0
 
     @answers_errno
-    def release(self, path: str, fi: Any) -> int:
+    def release(self, path: str | None, fi: Any) -> int:
         handle = self.handles.pop(fi.fh)
-        if handle is None:
-            return 0
-        if isinstance(handle, WriteHandle):
-            size = handle.commit()
-            handle.close()
-            self._committed(handle.path, size)
-        else:
+        if isinstance(handle, EntryHandle):
+            handle.flushed()
+            self._release(handle)
+        elif handle is not None:
             handle.close()
         return 0
 
-    def _committed(self, path: str, size: int | None) -> None:
-        if size is None:
+    def _release(self, handle: EntryHandle) -> None:
+        """One descriptor fewer; the last one commits the file (unless it must not be)."""
+        entry = handle.entry
+        if not self.writables.release(entry):
             return
-        self.cache.forget(path)
-        self.cache.put(path, Attr(False, size, time.time()))
+        try:
+            size = entry.commit()
+        except Exception:
+            log.exception("committing %s at its last close", entry.path)
+            entry.discard()
+            size = None
+        finally:
+            self.writables.finished(entry)
+        self.cache.forget(entry.path)
+        if size is not None:
+            self.cache.put(entry.path, Attr(False, size, time.time()))
 
     # -- the namespace -----------------------------------------------------------------------
 
@@ -291,7 +378,13 @@ class MountOperations:
         self._writable()
         if self._attr(path).is_dir:
             raise FuseError(errno.EISDIR)
-        self.fs.rm_file(self._full(path))
+        # A file still open stays usable by its descriptors and is never committed.
+        open_here = self.writables.detach(path) is not None
+        try:
+            self.fs.rm_file(self._full(path))
+        except FileNotFoundError:
+            if not open_here:  # a new file open here has no object yet
+                raise
         self.cache.forget(path)
         self.cache.put(path, None)
         return 0
@@ -309,6 +402,7 @@ class MountOperations:
         # Object stores have no directories: the mount remembers it until a file lands in it.
         with self._dirs_lock:
             self._made_dirs.add(path)
+            self._fresh_dirs.add(path)
         self.cache.forget(path)
         return 0
 
@@ -324,6 +418,7 @@ class MountOperations:
             raise FuseError(errno.ENOTEMPTY)
         with self._dirs_lock:
             self._made_dirs.discard(path)
+            self._fresh_dirs.discard(path)
         self.cache.forget(path)
         self.cache.put(path, None)
         return 0
@@ -332,22 +427,44 @@ class MountOperations:
     def rename(self, old: str, new: str) -> int:
         self._writable()
         if self._attr(old).is_dir:
+            self.cache.forget(old)
             with self._dirs_lock:
-                if old in self._made_dirs:  # nothing in the store to move
-                    self._made_dirs.discard(old)
-                    self._made_dirs.add(new)
-                    self.cache.forget(old)
-                    self.cache.forget(new)
-                    return 0
+                made = old in self._made_dirs
+            if made and not self._list(old):  # an empty directory made here: nothing to move
+                with self._dirs_lock:
+                    for known in (self._made_dirs, self._fresh_dirs):
+                        if old in known:
+                            known.discard(old)
+                            known.add(new)
+                self.cache.forget(old)
+                self.cache.forget(new)
+                return 0
             raise FuseError(errno.EXDEV)  # mv then copies the tree file by file
-        writer = self.handles.writer_for(old)
-        if writer is not None:
-            writer.commit()
+        self.writables.detach(new)  # a file open under the new name is replaced
+        entry = self._closed_by_all(old)
+        if entry is not None:  # still open: publish what it holds now, and move it along
+            entry.commit()
         self.fs.mv(self._full(old), self._full(new))
+        if entry is not None:
+            self.writables.move(entry, new, self._full(new))
         for changed in (old, new):
             self.cache.forget(changed)
         self.cache.put(old, None)
         return 0
+
+    def _closed_by_all(self, path: str) -> WritableFile | None:
+        """The path's open file, after waiting for its release if every process closed it.
+
+        ``close(fd); rename(tmp, name)`` (git, rsync, editors) can reach the mount before the
+        release that commits ``tmp``; the rename then waits for it instead of publishing early.
+        """
+        entry = self.writables.current(path)
+        if entry is None:
+            return None
+        if entry.unclosed == 0:
+            entry.done.wait(RELEASE_WAIT)
+        self.writables.settle(path)
+        return self.writables.current(path)
 
     @answers_errno
     def statfs(self, path: str) -> dict[str, int]:
@@ -364,30 +481,37 @@ class MountOperations:
             "f_namemax": 1024,
         }
 
-    # Object stores keep no owners, modes or times: accept and ignore them so cp -p, touch
-    # and tar work on a writable mount.
+    # Object stores keep no owners, modes or times: accept and ignore them (never touching
+    # the file's bytes) so cp -p, touch and tar work on a writable mount. The binding gives
+    # no path for a file unlinked while open.
     @answers_errno
-    def chmod(self, path: str, mode: int) -> int:
+    def chmod(self, path: str | None, mode: int) -> int:
         self._writable()
-        self._attr(path)
+        if path is not None:
+            self._attr(path)
         return 0
 
     @answers_errno
-    def chown(self, path: str, uid: int, gid: int) -> int:
+    def chown(self, path: str | None, uid: int, gid: int) -> int:
         self._writable()
-        self._attr(path)
+        if path is not None:
+            self._attr(path)
         return 0
 
     @answers_errno
-    def utimens(self, path: str, times: Any = None) -> int:
+    def utimens(self, path: str | None, times: Any = None) -> int:
         self._writable()
-        self._attr(path)
+        if path is not None:
+            self._attr(path)
         return 0
 
     def destroy(self, path: str) -> None:
         """Unmounted: commit what is still open (a crash leaves it to the journal's records)."""
         for handle in self.handles.pop_all():
             try:
-                handle.close()
+                if isinstance(handle, EntryHandle):
+                    self._release(handle)
+                else:
+                    handle.close()
             except Exception:
                 log.exception("closing %s at unmount", handle.path)

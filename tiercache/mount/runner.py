@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tiercache.mount.binding import fuse_class
+from tiercache.mount.binding import caller_pid, fuse_class
 from tiercache.mount.control import MountError, state_path
 from tiercache.mount.operations import MountOperations, MountOptions
 from tiercache.mount.readahead import DirectoryReadAhead
@@ -46,6 +46,9 @@ def kernel_options(spec: MountSpec) -> dict[str, Any]:
         "negative_timeout": spec.attr_ttl,
         # A killed mount process is unmounted by fusermount3 instead of leaving a dead mount.
         "auto_unmount": True,
+        # unlink of an open file reaches the mount (which never commits it) instead of being
+        # turned into a rename to a hidden name that would be uploaded.
+        "hard_remove": True,
     }
     if spec.read_only:
         options["ro"] = True
@@ -80,7 +83,8 @@ def serve(spec: MountSpec, fs: Any) -> None:
     root = f"{spec.bucket}/{spec.prefix}".rstrip("/")
     # Opening a file prefetches the next ones of its directory (``readahead``; 0: off).
     observer = DirectoryReadAhead(fs, root, fs.config.readahead) if fs.config.readahead else None
-    operations = MountOperations(fs, root, operation_options(spec, consistency), observer)
+    options = operation_options(spec, consistency)
+    operations = MountOperations(fs, root, options, observer, caller=caller_pid)
     stats_file = state_path(fs.config.local_dir, spec.mountpoint, "json")
     stop = threading.Event()
     writer = threading.Thread(

@@ -71,7 +71,8 @@ class StagedWriteFile(io.RawIOBase):
         self._commit = commit
         self._on_close = on_close
         self._staged = tier.staging_path(entry_id)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        # Read-write: the mount serves reads and mmap of a file being written from it.
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             self._fd = os.open(self._staged, flags, tier.file_mode)
         except OSError as exc:
