@@ -16,6 +16,7 @@ from tiercache.cli.common import (
 from tiercache.mount.control import active_mounts
 from tiercache.tiers.local import LocalTier
 from tiercache.tiers.shared import SharedTier
+from tiercache.write.reconcile import reconcile_journal
 from tiercache.write.state import WriteState
 
 NAME = "status"
@@ -42,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     tier = LocalTier(config.local_dir, config.local_max_bytes, config.file_mode, config.dir_mode)
     journal = WriteState(tier, config.lock_timeout)
+    reconcile_journal(journal)  # what a dead writer closed (a killed mount) is pending too
     now = time.time()
     pending: list[dict[str, Any]] = [
         {

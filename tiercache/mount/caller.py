@@ -13,14 +13,21 @@ _FLAGS = 6  # field 9 of /proc/PID/stat, counted from the state (field 3)
 _EXIT_CODE = 49  # field 52
 
 
-def killed_by_signal(pid: int) -> bool:
-    """True when ``pid`` is exiting because a signal killed it (False when unsure)."""
+def closing_state(pid: int) -> tuple[bool, bool]:
+    """(exiting, killed): whether ``pid`` closes its descriptors because it is exiting, and
+    whether a signal killed it. (False, False) when unsure (gone already, no such field)."""
     if pid <= 0:
-        return False
+        return False, False
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         flags, exit_code = int(fields[_FLAGS]), int(fields[_EXIT_CODE])
     except (OSError, IndexError, ValueError):
-        return False  # gone already, or a kernel without the field: treat it as a clean exit
-    return bool(flags & _PF_EXITING) and exit_code & 0x7F != 0
+        return False, False
+    exiting = bool(flags & _PF_EXITING)
+    return exiting, exiting and exit_code & 0x7F != 0
+
+
+def killed_by_signal(pid: int) -> bool:
+    """True when ``pid`` is exiting because a signal killed it (False when unsure)."""
+    return closing_state(pid)[1]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tiercache.mount.attrs import DIRECTORY, Attr, AttrCache, attr_from_info
-from tiercache.mount.caller import killed_by_signal
+from tiercache.mount.caller import closing_state
 from tiercache.mount.errno_map import errno_for
 from tiercache.mount.handles import EntryHandle, HandleTable, ReadHandle, ReadObserver
 from tiercache.mount.writable import WritableFile, WritableFiles
@@ -329,12 +329,19 @@ class MountOperations:
 
     @answers_errno
     def flush(self, path: str | None, fi: Any) -> int:
-        """A close(2) of a descriptor (of each duplicate): durable, but not committed yet."""
+        """A close(2) of a descriptor (of each duplicate): durable, but not committed yet.
+
+        The commit waits for the last release: a duplicate may still be open. What a live
+        process closed is marked to be committed should the mount die before that release;
+        what a process closes as it exits (its duplicates, a writer killed) is not.
+        """
         handle = self.handles.get(fi.fh)
         if isinstance(handle, EntryHandle):
-            killed = handle.writable and self.caller is not None and killed_by_signal(self.caller())
+            exiting = killed = False
+            if handle.writable and self.caller is not None:
+                exiting, killed = closing_state(self.caller())
             handle.flushed()
-            handle.entry.flush(killed)
+            handle.entry.flush(killed, closed_by_live_process=handle.writable and not exiting)
         return 0
 
     @answers_errno

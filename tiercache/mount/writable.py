@@ -116,18 +116,32 @@ class WritableFile:
                 raise self._failed(exc) from exc
             self._changed()
 
-    def flush(self, killed: bool) -> None:
-        """A descriptor was closed (``killed``: by a process a signal killed)."""
+    def flush(self, killed: bool, closed_by_live_process: bool = False) -> None:
+        """A descriptor was closed (``killed``: by a process a signal killed;
+        ``closed_by_live_process``: by a close(2) that returns to its caller, whose write must
+        then survive a crash of the mount before the last release commits it)."""
         with self._lock:
             self._check()
             if killed and self._dirty:
                 self._killed = True
             self._sync()
+            if closed_by_live_process:
+                self._mark_closed()
 
     def fsync(self) -> None:
         with self._lock:
             self._check()
             self._sync()
+            self._mark_closed()
+
+    def _mark_closed(self) -> None:
+        """Should the mount die before the last release, ``reconcile`` commits what was
+        staged (what a close or an fsync acknowledged) instead of dropping it."""
+        if self._staged is not None and self._dirty and not self._killed:
+            try:
+                self._staged.mark_closed(self._fs.store.namespace)
+            except OSError as exc:
+                raise self._failed(exc) from exc
 
     # -- the end -----------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import json
 import logging
 import os
 import time
@@ -25,8 +26,9 @@ from typing import Any
 from tiercache.digest import xxh3_file
 from tiercache.errors import ObjectNotFoundError, StoreError
 from tiercache.store.base import ObjectStore
-from tiercache.tiers.entry import read_meta
+from tiercache.tiers.entry import read_meta, read_small_file
 from tiercache.tiers.local import entry_files, remove_file
+from tiercache.write.staged import CLOSED_SUFFIX, StagedObject
 from tiercache.write.state import Record, WriteState, adopt_entry
 from tiercache.write.streaming import SIDECAR_SUFFIX, abort_abandoned_upload
 
@@ -44,6 +46,7 @@ class ReconcileReport:
     entries_checked: int = 0
     leftovers_removed: int = 0
     multipart_aborted: int = 0
+    closed_committed: int = 0  # staged files closed by a writer that then died
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -53,6 +56,7 @@ def reconcile_journal(state: WriteState, report: ReconcileReport | None = None) 
     """Journal what commits killed mid-way published; repair or report records that are torn
     or whose bytes are gone."""
     report = report if report is not None else ReconcileReport()
+    _commit_closed_files(state, report)
     _adopt_interrupted_commits(state, report)
     for entry_id in state.record_ids():
         record = state.get(entry_id)
@@ -214,8 +218,11 @@ def _remove_leftovers(
 ) -> None:
     """Staging files of dead writers, and journal files no live record or upload needs."""
     now = time.time()
-    for name in os.listdir(state.tier.staging_dir):
+    names = os.listdir(state.tier.staging_dir)
+    for name in names:
         path = os.path.join(state.tier.staging_dir, name)
+        if name.endswith(CLOSED_SUFFIX) or name + CLOSED_SUFFIX in names:
+            continue  # a closed file: ``reconcile_journal`` commits it
         if not _abandoned(path, now):
             continue
         if name.endswith(SIDECAR_SUFFIX):  # an upload begun while a dead writer wrote
@@ -278,14 +285,53 @@ def _clean_entry_files(
                 report.leftovers_removed += 1
 
 
-def _abandoned(path: str, now: float) -> bool:
+def _commit_closed_files(state: WriteState, report: ReconcileReport) -> None:
+    """Commit the staged files that their dead writers had closed (``mark_closed``)."""
+    try:
+        names = os.listdir(state.tier.staging_dir)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if name.endswith(CLOSED_SUFFIX):
+            path = os.path.join(state.tier.staging_dir, name[: -len(CLOSED_SUFFIX)])
+            if _abandoned(path, time.time(), grace=0.0):  # its flock tells a live writer
+                _commit_closed(state, path, report)
+
+
+def _commit_closed(state: WriteState, path: str, report: ReconcileReport) -> None:
+    """A staged file its writer had closed (a mount's file still open elsewhere) when the
+    writer's process died: its bytes become the object's newest version, as a close would
+    have made them."""
+    mark = path + CLOSED_SUFFIX
+    try:
+        row = json.loads(read_small_file(mark, 64 * 1024) or b"null")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return
+    try:
+        size, digest = xxh3_file(path)
+        staged = StagedObject(
+            row["bucket"], row["key"], row["source"], row["entry_id"], path, fd, size, digest
+        )
+        state.commit(staged, row["namespace"])
+    except (OSError, KeyError, TypeError) as exc:
+        log.warning("could not commit %s, closed before its writer died: %s", path, exc)
+        return
+    finally:
+        os.close(fd)
+    report.closed_committed += 1
+    remove_file(mark)
+    remove_file(path)
+
+
+def _abandoned(path: str, now: float, grace: float = _STAGING_GRACE) -> bool:
     """A staged file whose writer is gone: old enough, and nobody holds its lock."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return False
     try:
-        if now - os.fstat(fd).st_mtime < _STAGING_GRACE:  # every write moves the mtime
+        if now - os.fstat(fd).st_mtime < grace:  # every write moves the mtime
             return False
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return True

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import io
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +23,8 @@ import xxhash
 
 from tiercache.digest import xxh3_file
 from tiercache.errors import TierFullError
-from tiercache.tiers.local import LocalTier, remove_file
+from tiercache.tiers.entry import install, prepare_file
+from tiercache.tiers.local import LocalTier, fsync_dir, remove_file
 from tiercache.write.streaming import PartStreamer
 
 
@@ -42,6 +44,9 @@ class StagedObject:
 
 
 Committer = Callable[[StagedObject], dict[str, Any]]
+
+# Beside a staged file: its writer closed it (see ``StagedWriteFile.mark_closed``).
+CLOSED_SUFFIX = ".closed"
 
 
 class StagedWriteFile(io.RawIOBase):
@@ -71,6 +76,7 @@ class StagedWriteFile(io.RawIOBase):
         self._commit = commit
         self._on_close = on_close
         self._staged = tier.staging_path(entry_id)
+        self._file_mode = tier.file_mode
         # Read-write: the mount serves reads and mmap of a file being written from it.
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
@@ -153,6 +159,25 @@ class StagedWriteFile(io.RawIOBase):
             self._cleanup()
             super().close()
 
+    def mark_closed(self, namespace: str) -> None:
+        """The writer closed its file but may write on (a mount: another descriptor of it is
+        still open): should this process die before ``close()``, ``reconcile`` commits the
+        staged bytes as they are rather than dropping them. Fsyncs them first."""
+        self._checkClosed()
+        os.fsync(self._fd)
+        mark = self._staged + CLOSED_SUFFIX
+        if os.path.exists(mark):
+            return
+        row = {
+            "bucket": self._bucket,
+            "key": self._key,
+            "source": self._source,
+            "entry_id": self._entry_id,
+            "namespace": namespace,
+        }
+        install(prepare_file(mark, json.dumps(row).encode(), self._file_mode), mark)
+        fsync_dir(os.path.dirname(mark))
+
     def discard(self) -> None:
         """Close without committing anything."""
         if not self.closed:
@@ -177,6 +202,7 @@ class StagedWriteFile(io.RawIOBase):
         if self._on_close is not None:
             self._on_close()
         os.close(self._fd)
+        remove_file(self._staged + CLOSED_SUFFIX)
         remove_file(self._staged)  # gone already if the committer moved it into the tier
 
 
