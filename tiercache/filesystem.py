@@ -2,9 +2,10 @@
 
 It owns the pieces and wires them together; the data paths live in ``read_path`` (reads),
 ``write_behind``/``write_through`` (writes), ``tiers`` and ``store``. Listings and metadata
-come from the store (not cached) merged with pending writes; object bytes come through the
-local tier. One class has both of fsspec's faces: the blocking methods, and their coroutine
-twins (``_cat_file``, ``_info``, ``open_async`` …) for ``asynchronous=True`` callers.
+come from the store, kept per consistency mode by ``metadata_cache`` and merged with pending
+writes; object bytes come through the local tier. One class has both of fsspec's faces: the
+blocking methods, and their coroutine twins (``_cat_file``, ``_info``, ``open_async`` …) for
+``asynchronous=True`` callers.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import shutil
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from fsspec.utils import stringify_path
@@ -31,11 +32,13 @@ from tiercache.direct_file import DirectFile
 from tiercache.errors import ConfigError, ObjectNotFoundError, TierFullError
 from tiercache.listing import (
     add_parent_dirs,
-    entry_row,
+    directory_row,
     file_row,
     merge_rows,
     pending_rows,
+    store_rows,
 )
+from tiercache.metadata_cache import KnownInfo, MetadataCache
 from tiercache.prefetch import Budget, PrefetchHandle, ReadAhead
 from tiercache.prefetch.targets import check_tier, expand
 from tiercache.read_path import source_url
@@ -43,10 +46,11 @@ from tiercache.runtime import runtime_for
 from tiercache.store.base import ObjectInfo, ObjectStore
 from tiercache.store.retry import RetryPolicy
 from tiercache.store.s3_options import STORE_OPTION_NAMES, S3Options
+from tiercache.tiers.entry import CachedEntry
 from tiercache.tiers.local import EvictionReport, LocalTier
 from tiercache.write.keys import check_writable_key
 from tiercache.write.reconcile import reconcile
-from tiercache.write.staged import Committer, StagedWriteFile
+from tiercache.write.staged import Committer, StagedObject, StagedWriteFile
 
 try:  # fsspec >= 2025.x marks filesystems meant to be chained (``tiercache::s3://``)
     from fsspec.implementations.chained import ChainedFileSystem as _Chained
@@ -120,6 +124,15 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         self.tier = runtime.tier
         self.read_path = runtime.read_path
         self._stats = runtime.stats
+        self._meta = MetadataCache(
+            self.tier.root,
+            self.store.namespace,
+            config.consistency,
+            config.ttl,
+            file_mode=self.tier.file_mode,
+            dir_mode=self.tier.dir_mode,
+            lock_timeout=config.lock_timeout,
+        )
         self._start_pool(async_threads)
 
     def __repr__(self) -> str:
@@ -180,6 +193,8 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         if not key:
             raise IsADirectoryError(21, "a bucket is not a file", path)
         if mode == "rb":
+            asked_at = self._meta.now()
+            self._refuse_known_missing(bucket, key)
             try:
                 with self._runtime.prefetch.reading(bucket, key):
                     started = time.monotonic()
@@ -189,6 +204,9 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
                         self._count_wait(time.monotonic() - started)
             except TierFullError:
                 return self._direct_file(bucket, key)
+            except ObjectNotFoundError:
+                self._meta.remember_info(bucket, key, "no-object", None, asked_at)
+                raise
 
             def fall_back(exc: OSError) -> DirectFile | None:
                 if self.read_path.tier_full_error(exc, bucket, key) is None:
@@ -213,12 +231,8 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
             )
         if mode in ("wb", "xb"):
             check_writable_key(path, key)
-            if mode == "xb" and self.exists(path):
+            if mode == "xb" and self._exists_now(bucket, key):
                 raise FileExistsError(17, "object exists", path)
-            entry_id = self.read_path.entry_id(bucket, key)
-            # The local tier will hold the new bytes; the shared tier's old copy must not
-            # outlive them there (an immutable reader would be served it after eviction).
-            self.read_path.invalidate_shared(bucket, key)
             on_close = None
             stream = None
             if self.config.write_mode == "behind":
@@ -230,23 +244,45 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
             else:
                 commit = self._runtime.write_through
             try:
-                return StagedWriteFile(
-                    f"{bucket}/{key}",
-                    bucket,
-                    key,
-                    tier=self.tier,
-                    entry_id=entry_id,
-                    source=source_url(bucket, key),
-                    commit=commit,
-                    on_close=on_close,
-                    stream=stream,
-                )
+                return self._staged_file(bucket, key, commit, on_close, stream)
             except BaseException:
                 if on_close is not None:
                     on_close()
                 raise
         raise ValueError(
             f"mode {mode!r} is not supported: use 'rb' or 'wb' (objects have no append)"
+        )
+
+    def _staged_file(
+        self,
+        bucket: str,
+        key: str,
+        commit: Committer,
+        on_close: Callable[[], None] | None = None,
+        stream: Any = None,
+    ) -> StagedWriteFile:
+        """A file staged in the tier whose ``close()`` commits it, then forgets what the
+        metadata cache knew of the key (the store or the tier now has the new version)."""
+        # The local tier will hold the new bytes; the shared tier's old copy must not
+        # outlive them there (an immutable reader would be served it after eviction).
+        self.read_path.invalidate_shared(bucket, key)
+
+        def commit_and_forget(staged: StagedObject) -> dict[str, Any]:
+            try:
+                return commit(staged)
+            finally:
+                self._meta.invalidate(bucket, [key])
+
+        return StagedWriteFile(
+            f"{bucket}/{key}",
+            bucket,
+            key,
+            tier=self.tier,
+            entry_id=self.read_path.entry_id(bucket, key),
+            source=source_url(bucket, key),
+            commit=commit_and_forget,
+            on_close=on_close,
+            stream=stream,
         )
 
     def _direct_file(self, bucket: str, key: str) -> DirectFile:
@@ -262,50 +298,121 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         bucket, key = self.split_path(path)
+        return self._info_of(bucket, key, use_cache=True)
+
+    def _info_of(self, bucket: str, key: str, use_cache: bool) -> dict[str, Any]:
+        """The ``info`` row of a key: from a tier entry or the metadata cache while they may
+        be trusted (``use_cache``), else from the store (a HEAD, and a LIST if it is no
+        object), whose answer the metadata cache then keeps."""
         if not key:
             next(
                 iter(self.store.list_objects(bucket, "", "/")), None
-            )  # raises if there is no bucket
-            return {"name": bucket, "type": "directory", "size": 0}
+            )  # raises if there is no bucket (not cached: doctor and mount check credentials)
+            return directory_row(bucket)
         entry = self.read_path.cached(bucket, key)
         if entry is not None and (
-            self.config.consistency == "immutable" or entry.meta.state == "dirty"
+            entry.meta.state == "dirty" or (use_cache and self._trusted(entry))
         ):
             meta = entry.meta
             info = ObjectInfo(bucket, key, meta.size, meta.etag, meta.last_modified)
             return file_row(info, cached=True)
+        known = self._meta.info(bucket, key) if use_cache else None
+        missing: ObjectNotFoundError | None = None
+        if known is None or known.state == "no-object":
+            known, missing = self._ask_store(bucket, key, skip_head=known is not None)
+        if known.state == "file" and known.row is not None:
+            return {**known.row, "cached": entry is not None}
+        if known.state == "directory" or self._pending_under(bucket, key + "/"):
+            return directory_row(f"{bucket}/{key}")
+        if missing is not None:
+            raise missing
+        raise self._known_missing_error(bucket, key, known)
+
+    def _trusted(self, entry: CachedEntry) -> bool:
+        """Whether a clean tier entry's size, ETag and mtime answer ``info`` without a HEAD."""
+        meta = entry.meta
+        if self.config.consistency == "immutable":
+            return True
+        return meta.last_modified is not None and self._meta.is_fresh(meta.validated_at)
+
+    def _ask_store(
+        self, bucket: str, key: str, skip_head: bool
+    ) -> tuple[KnownInfo, ObjectNotFoundError | None]:
+        """What the store says ``key`` is (``skip_head``: known to be no object), kept by the
+        metadata cache unless writes are pending below it (their uploads would change it)."""
+        asked_at = self._meta.now()
+        missing = None
+        if not skip_head:
+            try:
+                row = file_row(self.store.head(bucket, key), cached=False)
+            except ObjectNotFoundError as exc:
+                missing = exc
+            else:
+                self._meta.remember_info(bucket, key, "file", row, asked_at)
+                return KnownInfo("file", row, asked_at), None
+        pending = self._pending_under(bucket, key + "/")  # before the LIST: see ls
+        below = next(iter(self.store.list_objects(bucket, key + "/", "/")), None)
+        known = KnownInfo("absent" if below is None else "directory", None, asked_at)
+        if not pending:
+            self._meta.remember_info(bucket, key, known.state, None, asked_at)
+        return known, missing
+
+    def _refuse_known_missing(self, bucket: str, key: str) -> None:
+        """Raise at once for a key the store said is no object, while that answer holds."""
+        known = self._meta.info(bucket, key, from_listing=False)  # no listing parse per open
+        if known is None or known.state == "file":
+            return
+        if self.read_path.cached(bucket, key) is None:
+            raise self._known_missing_error(bucket, key, known)
+
+    def _known_missing_error(self, bucket: str, key: str, known: KnownInfo) -> ObjectNotFoundError:
+        age = max(0.0, self._meta.now() - known.asked_at)
+        return ObjectNotFoundError(
+            2,
+            f"no such object (the store said so {age:.1f} s ago; kept per "
+            f"consistency={self.config.consistency!r})",
+            f"s3://{bucket}/{key}",
+        )
+
+    def _exists_now(self, bucket: str, key: str) -> bool:
+        """``exists`` asked of the store (a create-only write must not trust a cached miss)."""
         try:
-            return file_row(self.store.head(bucket, key), cached=entry is not None)
-        except ObjectNotFoundError:
-            listed = next(iter(self.store.list_objects(bucket, key + "/", "/")), None)
-            if listed is not None or self._pending_under(bucket, key + "/"):
-                return {"name": f"{bucket}/{key}", "type": "directory", "size": 0}
-            raise
+            self._info_of(bucket, key, use_cache=False)
+        except FileNotFoundError:
+            return False
+        return True
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         path = self._strip_protocol(path)
         if not path:
-            rows: list[dict[str, Any]] = [
-                {"name": b, "type": "directory", "size": 0} for b in self.store.list_buckets()
-            ]
+            rows: list[dict[str, Any]] = [directory_row(b) for b in self.store.list_buckets()]
         else:
             bucket, key = self.split_path(path)
-            prefix = f"{key}/" if key else ""
-            # Pending writes first: one whose upload ends during the listing is then in one
-            # of the two (read the other way round it could be in neither).
-            pending = self._pending_rows(bucket, prefix, nested=False)
-            rows = [
-                entry_row(e)
-                for e in self.store.list_objects(bucket, prefix, "/")
-                if e.key != prefix
-            ]
-            rows = merge_rows(rows, pending)
+            rows = self._listing(bucket, f"{key}/" if key else "", recursive=False)
             if not rows and key:
                 info = self.info(path)
                 if info["type"] == "file":
                     rows = [info]
         rows.sort(key=lambda r: str(r["name"]))
         return rows if detail else [r["name"] for r in rows]
+
+    def _listing(self, bucket: str, prefix: str, recursive: bool) -> list[dict[str, Any]]:
+        """The store's rows under ``prefix`` (kept by the metadata cache) with pending writes.
+
+        Pending writes are read first: one whose upload ends during the listing is then in
+        one of the two (read the other way round it could be in neither). A listing is kept
+        only when nothing is pending under the prefix: an upload that ends later changes it.
+        """
+        asked_at = self._meta.now()
+        records = self._runtime.write_behind.pending(f"{bucket}/{prefix}")
+        live = [r for r in records if r.state != "lost"]
+        pending = pending_rows(live, bucket, prefix, nested=recursive)
+        listed = self._meta.listing(bucket, prefix, recursive)
+        if listed is None:
+            listed = store_rows(self.store, bucket, prefix, recursive)
+            if not records:
+                self._meta.remember_listing(bucket, prefix, recursive, listed, asked_at)
+        return merge_rows(listed, pending)
 
     def find(
         self,
@@ -319,20 +426,13 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         if maxdepth is not None or not path:
             return super().find(path, maxdepth=maxdepth, withdirs=withdirs, detail=detail)
         bucket, key = self.split_path(path)
-        prefix = f"{key}/" if key else ""
         found: dict[str, dict[str, Any]] = {}
-        pending = self._pending_rows(bucket, prefix, nested=True)  # first: see ls
-        listed = [
-            entry_row(e)
-            for e in self.store.list_objects(bucket, prefix, None)
-            if not e.key.endswith("/")  # zero-byte "directory marker" objects
-        ]
-        for row in merge_rows(listed, pending):
+        for row in self._listing(bucket, f"{key}/" if key else "", recursive=True):
             found[row["name"]] = row
             if withdirs:
                 add_parent_dirs(found, path, row["name"])
         if key and (withdirs and found):
-            found[path] = {"name": path, "type": "directory", "size": 0}
+            found[path] = directory_row(path)
         if not found and key:
             try:
                 info = self.info(path)
@@ -354,10 +454,12 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
         bucket, key = self.split_path(path)
         check_writable_key(path, key)
-        if mode == "create" and self.exists(path):
+        if mode == "create" and self._exists_now(bucket, key):
             raise FileExistsError(17, "object exists", path)
-        with self._store_write(bucket, key):
-            self.store.put_bytes(bucket, key, bytes(value))
+        data = bytes(value)
+        if not self._write_through_tier(bucket, key, len(data), lambda f: f.write(data)):
+            with self._store_write(bucket, key):
+                self.store.put_bytes(bucket, key, data)
 
     def put_file(
         self, lpath: str, rpath: str, callback: Any = None, mode: str = "overwrite", **kwargs: Any
@@ -366,14 +468,46 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
             return  # object stores have no directories to create
         bucket, key = self.split_path(rpath)
         check_writable_key(rpath, key)
-        if mode == "create" and self.exists(rpath):
+        if mode == "create" and self._exists_now(bucket, key):
             raise FileExistsError(17, "object exists", rpath)
-        with self._store_write(bucket, key):
-            self.store.upload_file(bucket, key, lpath)
+
+        def copy(staged: StagedWriteFile) -> None:
+            with open(lpath, "rb") as src:
+                shutil.copyfileobj(src, staged, 8 << 20)
+
+        if not self._write_through_tier(bucket, key, os.path.getsize(lpath), copy):
+            with self._store_write(bucket, key):
+                self.store.upload_file(bucket, key, lpath)
         if callback is not None:
             size = os.path.getsize(lpath)
             callback.set_size(size)
             callback.relative_update(size)
+
+    def _write_through_tier(
+        self, bucket: str, key: str, size: int, fill: Callable[[StagedWriteFile], Any]
+    ) -> bool:
+        """Write an object to the store now, as ``pipe``/``put`` always do, through the tier,
+        which keeps it as a clean entry (the next read is a hit). False, having sent nothing,
+        when the tier has no room for it: the caller then writes it to the store directly."""
+        if size > self.tier.fill_limit():
+            return False
+        try:
+            staged = self._staged_file(bucket, key, self._runtime.write_through)
+        except TierFullError:
+            return False
+        try:
+            fill(staged)
+        except BaseException as exc:
+            staged.discard()
+            if isinstance(exc, TierFullError):
+                return False
+            raise
+        try:
+            staged.close()  # uploads, then publishes the staged bytes as the entry
+        except TierFullError:
+            return False  # nothing, or these same bytes, went to the store: send them again
+        self.read_path.invalidate_shared(bucket, key)  # a copy fetched during the upload
+        return True
 
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
         src_bucket, src_key = self.split_path(path1)
@@ -406,6 +540,7 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
             self._delete(bucket, keys)
         for bucket in buckets:
             self.store.delete_bucket(bucket)
+            self._meta.invalidate_bucket(bucket)
 
     def rm_file(self, path: str) -> None:
         bucket, key = self.split_path(path)
@@ -418,21 +553,25 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
             batch = keys[start : start + 1000]
             with contextlib.ExitStack() as claims:
                 for key in batch:
-                    claims.enter_context(self._store_write(bucket, key))
+                    claims.enter_context(self._store_write(bucket, key, forget=False))
                 self.store.delete(bucket, batch)
+                self._meta.invalidate(bucket, batch)
 
     @contextlib.contextmanager
-    def _store_write(self, bucket: str, key: str) -> Iterator[None]:
+    def _store_write(self, bucket: str, key: str, forget: bool = True) -> Iterator[None]:
         """Change an object in the store directly (rm, pipe, put, copy): no upload of an
         older pending version runs meanwhile or lands after it, and once the store holds the
         change that version and the cached entries are dropped (a version written behind
-        during the change is newer: it stays and uploads after it)."""
+        during the change is newer: it stays and uploads after it), and (``forget``) what
+        the metadata cache knew of the key."""
         state = self._runtime.write_state
         with state.store_write(self.read_path.entry_id(bucket, key)) as change:
             yield
             if state.store_written(change) and change.superseded is not None:
                 self._stats.add("uploads_cancelled")
         self.read_path.invalidate_shared(bucket, key)
+        if forget:
+            self._meta.invalidate(bucket, [key])
 
     def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
         bucket, key = self.split_path(path)
@@ -441,6 +580,7 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
                 self.info(bucket)
             except FileNotFoundError:
                 self.store.create_bucket(bucket)
+                self._meta.invalidate_bucket(bucket)
                 return
             if not key:
                 raise FileExistsError(17, "bucket exists", bucket)
@@ -457,6 +597,7 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         bucket, key = self.split_path(path)
         if not key:
             self.store.delete_bucket(bucket)
+            self._meta.invalidate_bucket(bucket)
 
     # -- write-behind ------------------------------------------------------------------------
 
@@ -479,7 +620,11 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         prefix = self._strip_protocol(path)
         if not prefix:
             raise ValueError("discard needs a path or a prefix (use 'bucket/' for a bucket)")
-        return [r.name for r in self._runtime.write_behind.discard(prefix)]
+        dropped = self._runtime.write_behind.discard(prefix)
+        for record in dropped:
+            if record.bucket:
+                self._meta.invalidate(record.bucket, [record.key])
+        return [r.name for r in dropped]
 
     def fsck(self, scrub: bool = True) -> dict[str, Any]:
         """Reconcile the journal with the tier (repair what can be, report what is lost) and,
@@ -521,11 +666,19 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
     def _pending_under(self, bucket: str, prefix: str) -> bool:
         return bool(self._runtime.write_behind.pending(f"{bucket}/{prefix}"))
 
-    def _pending_rows(self, bucket: str, prefix: str, nested: bool) -> list[dict[str, Any]]:
-        records = self._runtime.write_behind.pending(f"{bucket}/{prefix}")
-        return pending_rows([r for r in records if r.state != "lost"], bucket, prefix, nested)
-
     # -- the cache ---------------------------------------------------------------------------
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        """Forget what is known about ``path`` (an object or a directory; None: everything):
+        its info, listings and a remembered absence. Cached bytes are revalidated as usual."""
+        if path is None:
+            self._meta.prune(everything=True)
+            return
+        bucket, key = self.split_path(path)
+        if key:
+            self._meta.invalidate(bucket, [key, key + "/"])
+        else:
+            self._meta.invalidate_bucket(bucket)
 
     def is_cached(self, path: str, tier: str = "local") -> bool:
         """True if the object's bytes are in the tier (``local``, ``shared`` or ``any``).
@@ -568,10 +721,13 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
     ) -> EvictionReport:
         """Evict least-recently-used entries of a tier (``local`` or ``shared``) down to
         ``target_bytes`` (default: the tier's budget). Pinned, open, dirty and in-flight
-        entries stay."""
+        entries stay. Evicting the local tier also removes the metadata records that are no
+        longer served (all of them with ``target_bytes=0``)."""
         chosen = self.tier_named(tier)
         target = chosen.max_bytes if target_bytes is None else target_bytes
         report = chosen.evict(target, dry_run=dry_run)
+        if not dry_run and tier == "local":
+            self._meta.prune(everything=target == 0)
         if not dry_run:
             self._stats.add("evictions", len(report.removed))
             self._stats.add("bytes_evicted", report.removed_bytes)

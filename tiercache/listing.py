@@ -5,8 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from tiercache.store.base import ListEntry, ObjectInfo
+from tiercache.store.base import ListEntry, ObjectInfo, ObjectStore
 from tiercache.write.state import Record
+
+
+def directory_row(name: str) -> dict[str, Any]:
+    """The row of a bucket or a directory (a prefix with keys below it)."""
+    return {"name": name, "type": "directory", "size": 0}
 
 
 def file_row(info: ObjectInfo, cached: bool) -> dict[str, Any]:
@@ -24,7 +29,7 @@ def file_row(info: ObjectInfo, cached: bool) -> dict[str, Any]:
 def entry_row(entry: ListEntry) -> dict[str, Any]:
     """The row of one entry of a store listing (an object or a common prefix)."""
     if entry.type == "directory":
-        return {"name": f"{entry.bucket}/{entry.key}", "type": "directory", "size": 0}
+        return directory_row(f"{entry.bucket}/{entry.key}")
     return {
         "name": f"{entry.bucket}/{entry.key}",
         "type": "file",
@@ -32,6 +37,18 @@ def entry_row(entry: ListEntry) -> dict[str, Any]:
         "ETag": entry.etag,
         "mtime": entry.last_modified,
     }
+
+
+def store_rows(
+    store: ObjectStore, bucket: str, prefix: str, recursive: bool
+) -> list[dict[str, Any]]:
+    """The store's rows under ``prefix``: the level below it (``ls``: objects and common
+    prefixes, without the prefix's own marker object), or every object (``find``: without the
+    zero-byte "directory marker" objects)."""
+    if recursive:
+        entries = store.list_objects(bucket, prefix, None)
+        return [entry_row(e) for e in entries if not e.key.endswith("/")]
+    return [entry_row(e) for e in store.list_objects(bucket, prefix, "/") if e.key != prefix]
 
 
 def merge_rows(listed: list[dict[str, Any]], pending: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -217,6 +217,11 @@ def test_client_errors_are_not_retried(
     assert proxy.count("GET") == 1
     assert not fs.is_cached(f"{bucket}/obj")
     proxy.clear()
+    if status == 404:  # an absence is remembered for ttl seconds, until told otherwise
+        with pytest.raises(FileNotFoundError):
+            fs.cat_file(f"{bucket}/obj")
+        assert proxy.count("GET") == 1
+        fs.invalidate_cache(f"{bucket}/obj")
     assert fs.cat_file(f"{bucket}/obj") == data
 
 
