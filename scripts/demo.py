@@ -1,4 +1,10 @@
-"""The tiercache demo: a dataset in a local S3 server, read cold then warm through the cache."""
+"""The tiercache demo: a dataset in an S3 server, read cold then warm through the cache.
+
+Without ``--endpoint`` it starts the bundled server (SeaweedFS on 127.0.0.1). With
+``--endpoint URL`` it uses that server instead, with the credentials of AWS_ACCESS_KEY_ID and
+AWS_SECRET_ACCESS_KEY (and AWS_DEFAULT_REGION, default us-east-1) from the environment; the
+demo's bucket is removed at the end.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,9 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +34,53 @@ def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shards", type=int, default=8, help="number of shards (default 8)")
     parser.add_argument("--shard-mib", type=int, default=32, help="MiB per shard (default 32)")
+    parser.add_argument(
+        "--endpoint",
+        help="S3 endpoint URL to use instead of the bundled server; credentials from "
+        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+    )
     return parser.parse_args()
+
+
+@dataclass(frozen=True)
+class Store:
+    """Where the demo's dataset lives."""
+
+    endpoint: str
+    key: str = field(repr=False)
+    secret: str = field(repr=False)
+    region: str
+
+    def client(self) -> Any:
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.key,
+            aws_secret_access_key=self.secret,
+            region_name=self.region,
+        )
+
+    def s3_options(self) -> dict[str, Any]:
+        return {
+            "endpoint_url": self.endpoint,
+            "key": self.key,
+            "secret": self.secret,
+            "client_kwargs": {"region_name": self.region},
+        }
+
+
+@contextmanager
+def _store(endpoint: str | None, workdir: Path) -> Iterator[Store]:
+    if endpoint is None:
+        print("starting the bundled S3 server (SeaweedFS on 127.0.0.1)...")
+        with s3server.start_server(data_dir=str(workdir / "s3")) as server:
+            yield Store(server.endpoint, server.access_key, server.secret_key, server.region)
+        return
+    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if not key or not secret:
+        raise SystemExit("demo: --endpoint needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY set")
+    print(f"using the S3 server at {endpoint}")
+    yield Store(endpoint, key, secret, os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
 
 
 def _write_dataset(client: Any, bucket: str, shards: int, size: int) -> dict[str, bytes]:
@@ -50,39 +105,45 @@ def _read_all(urls: list[str], options: dict[str, Any]) -> tuple[float, list[byt
 def main() -> int:
     args = _parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="tiercache-demo-"))
-    print("starting the bundled S3 server (SeaweedFS on 127.0.0.1)...")
-    with s3server.start_server(data_dir=str(workdir / "s3")) as server:
-        client = boto3.client(
-            "s3",
-            endpoint_url=server.endpoint,
-            aws_access_key_id=server.access_key,
-            aws_secret_access_key=server.secret_key,
-            region_name=server.region,
-        )
-        bucket = f"demo-{secrets.token_hex(4)}"
-        dataset = _write_dataset(client, bucket, args.shards, args.shard_mib * MiB)
-        total = sum(len(b) for b in dataset.values())
-        print(f"wrote {len(dataset)} shards, {total / MiB:.0f} MiB, to s3://{bucket}/dataset/")
-        options = {
-            "s3": {
-                "endpoint_url": server.endpoint,
-                "key": server.access_key,
-                "secret": server.secret_key,
-                "client_kwargs": {"region_name": server.region},
-            },
-            "tiercache": {"local_dir": str(workdir / "tier"), "consistency": "immutable"},
-        }
-        urls = [f"tiercache::s3://{bucket}/{key}" for key in dataset]
-        cold, cold_blobs = _read_all(urls, options)
-        warm, warm_blobs = _read_all(urls, options)
-        fs, _ = fsspec.core.url_to_fs(urls[0], **options)
-        fs.wait_fetches()
-        stats = fs.stats()
-    shutil.rmtree(workdir, ignore_errors=True)
+    try:
+        with _store(args.endpoint, workdir) as store:
+            client = store.client()
+            bucket = f"demo-{secrets.token_hex(4)}"
+            try:
+                dataset = _write_dataset(client, bucket, args.shards, args.shard_mib * MiB)
+                total = sum(len(b) for b in dataset.values())
+                print(
+                    f"wrote {len(dataset)} shards, {total / MiB:.0f} MiB, to s3://{bucket}/dataset/"
+                )
+                options = {
+                    "s3": store.s3_options(),
+                    "tiercache": {"local_dir": str(workdir / "tier"), "consistency": "immutable"},
+                }
+                urls = [f"tiercache::s3://{bucket}/{key}" for key in dataset]
+                cold, cold_blobs = _read_all(urls, options)
+                warm, warm_blobs = _read_all(urls, options)
+                fs, _ = fsspec.core.url_to_fs(urls[0], **options)
+                fs.wait_fetches()
+                stats = fs.stats()
+            finally:
+                _remove_bucket(client, bucket)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     expected = list(dataset.values())
     verified = cold_blobs == expected and warm_blobs == expected
     _report(total, cold, warm, stats, verified)
     return 0 if verified else 1
+
+
+def _remove_bucket(client: Any, bucket: str) -> None:
+    """Leave the server as it was (the bundled one is thrown away anyway)."""
+    try:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            for item in page.get("Contents", []):
+                client.delete_object(Bucket=bucket, Key=item["Key"])
+    except client.exceptions.NoSuchBucket:
+        return
+    client.delete_bucket(Bucket=bucket)
 
 
 def _report(total: int, cold: float, warm: float, stats: dict[str, Any], ok: bool) -> None:

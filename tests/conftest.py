@@ -1,19 +1,23 @@
-"""Shared fixtures: the real S3 server (SeaweedFS by default, any endpoint by env) and buckets.
+"""Shared fixtures: the S3 server under test (SeaweedFS by default, any endpoint by env), buckets.
 
 Set ``TIERCACHE_TEST_S3_ENDPOINT`` (with ``TIERCACHE_TEST_S3_KEY``, ``TIERCACHE_TEST_S3_SECRET``
 and optionally ``TIERCACHE_TEST_S3_REGION``) to run the integration tests against another
 server (MinIO, Ceph RGW, AWS); otherwise ``scripts/s3server.py`` installs and starts SeaweedFS
-on 127.0.0.1 for the session.
+on 127.0.0.1 for the session. Tests that freeze, stop or restart their store cannot do that to
+the server under test: they use ``own_server`` (a SeaweedFS of their own, whatever the variable
+says) and carry the ``own_server`` marker; tests that talk to the server under test carry
+``server_under_test`` (``scripts/test-rgw.sh`` runs those).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +39,8 @@ from proxy import FaultProxy  # noqa: E402
 @dataclass(frozen=True)
 class S3Endpoint:
     endpoint: str
-    key: str
-    secret: str
+    key: str = field(repr=False)  # keys stay out of test reports and tracebacks
+    secret: str = field(repr=False)
     region: str
 
     def target_options(self) -> dict[str, Any]:
@@ -56,6 +60,34 @@ class S3Endpoint:
             aws_secret_access_key=self.secret,
             region_name=self.region,
         )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "server_under_test: talks to the S3 server under test; added to every test that takes"
+        " the s3 fixture (directly or through bucket, make_fs, proxy...)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "own_server: uses a SeaweedFS of its own (to freeze, stop or restart it), not the server"
+        " under test; added to every test that takes the own_server fixture",
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        if "s3" in fixtures:
+            item.add_marker(pytest.mark.server_under_test)
+        if "own_server" in fixtures:
+            item.add_marker(pytest.mark.own_server)
+
+
+def pytest_report_header() -> str:
+    endpoint = os.environ.get("TIERCACHE_TEST_S3_ENDPOINT")
+    where = f"{endpoint} (TIERCACHE_TEST_S3_ENDPOINT)" if endpoint else "the bundled SeaweedFS"
+    return f"S3 server under test: {where}; own_server tests start a SeaweedFS of their own"
 
 
 @pytest.fixture(scope="session")
@@ -122,6 +154,59 @@ def small_tier(tmp_path: Path) -> Iterator[Path]:
         yield mountpoint
     finally:
         subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+
+
+class OwnServer:
+    """A SeaweedFS a test module starts for itself, whatever ``TIERCACHE_TEST_S3_ENDPOINT`` says.
+
+    For tests of tiercache while its store is frozen (SIGSTOP), stopped or restarted: a test can
+    only do that to a server it owns. Such tests check tiercache's side of those faults; they do
+    not test the server under test (the ``s3`` fixture).
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self._server = s3server.start_server(data_dir=str(data_dir))
+        self.port = self._server.port
+        self.endpoint = S3Endpoint(
+            self._server.endpoint,
+            self._server.access_key,
+            self._server.secret_key,
+            self._server.region,
+        )
+
+    def client(self) -> Any:
+        return self.endpoint.client()
+
+    def env(self) -> dict[str, str]:
+        """``AWS_*`` variables that point boto3, s3fs and the tiercache CLI at this server."""
+        return self._server.env()
+
+    def pause(self) -> None:
+        self._server.pause()
+
+    def resume(self) -> None:
+        self._server.resume()
+
+    def stop(self) -> None:
+        self._server.stop()
+
+    def restart(self) -> None:
+        """Stop the server process and start a new one on the same port and data."""
+        self._server.stop()
+        self._server = s3server.start_server(port=self.port, data_dir=str(self.data_dir))
+
+
+@pytest.fixture(scope="module")
+def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnServer]:
+    """The module's own SeaweedFS (see ``OwnServer``); its tests get the ``own_server`` marker."""
+    server = OwnServer(tmp_path_factory.mktemp("own-s3"))
+    try:
+        yield server
+    finally:
+        with contextlib.suppress(RuntimeError):  # a test left it frozen; or it is gone already
+            server.resume()
+        server.stop()
 
 
 @pytest.fixture

@@ -60,7 +60,9 @@ class _Fixtures(abstract.AbstractFixtures):
     write_mode = "through"
 
     @pytest.fixture
-    def fs(self, s3: Any, tmp_path: Path) -> Iterator[TierCacheFileSystem]:
+    def fs(self, s3: Any, bucket: str, tmp_path: Path) -> Iterator[TierCacheFileSystem]:
+        # Taking ``bucket`` makes it outlive the filesystem: the flush below lands its uploads
+        # before the bucket is emptied and removed.
         fs = TierCacheFileSystem(
             target_options=s3.target_options(),
             local_dir=str(tmp_path / "tier"),
@@ -69,7 +71,7 @@ class _Fixtures(abstract.AbstractFixtures):
             skip_instance_cache=True,
         )
         yield fs
-        fs.flush(timeout=60)  # land what was written behind before the bucket goes
+        fs.flush(timeout=60)
 
     @pytest.fixture
     def fs_join(self) -> Any:

@@ -85,8 +85,10 @@ def test_relays_every_operation_byte_exact(s3: Any, bucket: str) -> None:
         assert client.head_object(Bucket=bucket, Key="a")["ContentLength"] == len(data)
         tc = TransferConfig(multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB)
         client.upload_fileobj(io.BytesIO(big), bucket, "big", Config=tc)
-        parts = client.head_object(Bucket=bucket, Key="big", PartNumber=1)
-        assert parts.get("PartsCount") == 3  # a multipart upload went through the proxy
+        # A multipart upload went through the proxy: S3 gives such an object the ETag
+        # "<digest>-<parts>" (Ceph RGW 16 answers no PartsCount to a HEAD with partNumber).
+        etag = client.head_object(Bucket=bucket, Key="big")["ETag"]
+        assert etag.strip('"').endswith("-3"), etag
         out = io.BytesIO()
         client.download_fileobj(bucket, "big", out, Config=tc)
         assert out.getvalue() == big

@@ -1,4 +1,9 @@
-"""Write-behind against a real server that is paused, killed and restarted: nothing is lost."""
+"""Write-behind while the store is frozen, killed and restarted: nothing is lost.
+
+Every test here freezes (SIGSTOP), stops or restarts its store, which a test can only do to a
+server it owns: they run on ``own_server``, a SeaweedFS of this module's own, whatever the
+server under test is. What they check is tiercache's side: uploads held back, resumed, retried.
+"""
 
 from __future__ import annotations
 
@@ -8,69 +13,35 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import boto3
 import pytest
-import s3server
 import xxhash
 
 from tiercache import TierCacheFileSystem
 
+if TYPE_CHECKING:  # the fixture's class; imported for annotations only
+    from conftest import OwnServer
+
+
 MiB = 1024 * 1024
 
 
-class PrivateServer:
-    """A server of its own for these tests: pausing it must not disturb the shared one."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.server = s3server.start_server(data_dir=str(data_dir))
-        self.port = self.server.port
-
-    def options(self) -> dict[str, Any]:
-        return {
-            "endpoint_url": self.server.endpoint,
-            "key": self.server.access_key,
-            "secret": self.server.secret_key,
-        }
-
-    def client(self) -> Any:
-        return boto3.client(
-            "s3",
-            endpoint_url=self.server.endpoint,
-            aws_access_key_id=self.server.access_key,
-            aws_secret_access_key=self.server.secret_key,
-            region_name=self.server.region,
-        )
-
-    def restart(self) -> None:
-        self.server.stop()
-        self.server = s3server.start_server(port=self.port, data_dir=str(self.data_dir))
-
-
-@pytest.fixture(scope="module")
-def private(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateServer]:
-    server = PrivateServer(tmp_path_factory.mktemp("private-s3"))
-    yield server
-    server.server.stop()
-
-
 @pytest.fixture
-def pbucket(private: PrivateServer) -> str:
+def pbucket(own_server: OwnServer) -> str:
     name = f"tc-wb-{secrets.token_hex(5)}"
-    private.client().create_bucket(Bucket=name)
+    own_server.client().create_bucket(Bucket=name)
     return name
 
 
 @pytest.fixture
-def wb_fs(private: PrivateServer, tmp_path: Path) -> Callable[..., TierCacheFileSystem]:
+def wb_fs(own_server: OwnServer, tmp_path: Path) -> Callable[..., TierCacheFileSystem]:
     def build(**options: Any) -> TierCacheFileSystem:
         options.setdefault("local_dir", str(tmp_path / "tier"))
         return TierCacheFileSystem(
-            target_options=private.options(),
+            target_options=own_server.endpoint.target_options(),
             skip_instance_cache=True,
             retries=2,
             connect_timeout=1,
@@ -81,19 +52,19 @@ def wb_fs(private: PrivateServer, tmp_path: Path) -> Callable[..., TierCacheFile
     return build
 
 
-def _stored(private: PrivateServer, bucket: str, key: str) -> bytes | None:
+def _stored(own_server: OwnServer, bucket: str, key: str) -> bytes | None:
     try:
-        return bytes(private.client().get_object(Bucket=bucket, Key=key)["Body"].read())
-    except private.client().exceptions.NoSuchKey:
+        return bytes(own_server.client().get_object(Bucket=bucket, Key=key)["Body"].read())
+    except own_server.client().exceptions.NoSuchKey:
         return None
 
 
 def test_close_returns_while_the_store_is_frozen(
-    private: PrivateServer, pbucket: str, wb_fs: Callable[..., TierCacheFileSystem]
+    own_server: OwnServer, pbucket: str, wb_fs: Callable[..., TierCacheFileSystem]
 ) -> None:
     fs = wb_fs()
     data = os.urandom(6 * MiB)
-    private.server.pause()
+    own_server.pause()
     try:
         with fs.open(f"{pbucket}/ckpt/rank0.pt", "wb") as f:
             f.write(data)
@@ -103,10 +74,10 @@ def test_close_returns_while_the_store_is_frozen(
         assert [p["name"] for p in fs.pending()] == [f"{pbucket}/ckpt/rank0.pt"]
         assert fs.evict(0).kept_busy >= 1 and fs.is_cached(f"{pbucket}/ckpt/rank0.pt")
     finally:
-        private.server.resume()
+        own_server.resume()
     fs.flush(timeout=120)
-    assert _stored(private, pbucket, "ckpt/rank0.pt") == data
-    head = private.client().head_object(Bucket=pbucket, Key="ckpt/rank0.pt")
+    assert _stored(own_server, pbucket, "ckpt/rank0.pt") == data
+    head = own_server.client().head_object(Bucket=pbucket, Key="ckpt/rank0.pt")
     assert head["Metadata"]["tiercache-xxh3"] == xxhash.xxh3_64(data).hexdigest()
     entry = fs.read_path.cached(pbucket, "ckpt/rank0.pt")
     assert entry is not None and entry.meta.state == "clean" and entry.meta.etag == head["ETag"]
@@ -135,19 +106,18 @@ def _write_then_wait(
     time.sleep(600)  # killed before it can upload
 
 
-def _kill_writer_after_close(
-    private: PrivateServer, local_dir: str, path: str, data: bytes
-) -> None:
+def _kill_writer_after_close(own_server: OwnServer, local_dir: str, path: str, data: bytes) -> None:
     """A separate process writes ``path``; once its close() returned it gets SIGKILL.
 
     The server is frozen meanwhile, so no upload can have finished before the kill.
     """
     ctx = multiprocessing.get_context("spawn")
     closed = ctx.Event()
-    private.server.pause()
+    own_server.pause()
     try:
         writer = ctx.Process(
-            target=_write_then_wait, args=(private.options(), local_dir, path, data, closed)
+            target=_write_then_wait,
+            args=(own_server.endpoint.target_options(), local_dir, path, data, closed),
         )
         writer.start()
         assert closed.wait(60)
@@ -155,25 +125,27 @@ def _kill_writer_after_close(
         writer.join(30)
         assert writer.exitcode == -signal.SIGKILL
     finally:
-        private.server.resume()
+        own_server.resume()
 
 
 def test_sigkill_after_close_loses_nothing(
-    private: PrivateServer, pbucket: str, tmp_path: Path
+    own_server: OwnServer, pbucket: str, tmp_path: Path
 ) -> None:
     data = os.urandom(9 * MiB)
     local_dir = str(tmp_path / "tier")
-    _kill_writer_after_close(private, local_dir, f"{pbucket}/ckpt/model.bin", data)
-    assert _stored(private, pbucket, "ckpt/model.bin") is None
+    _kill_writer_after_close(own_server, local_dir, f"{pbucket}/ckpt/model.bin", data)
+    assert _stored(own_server, pbucket, "ckpt/model.bin") is None
     survivor = TierCacheFileSystem(
-        target_options=private.options(), local_dir=local_dir, skip_instance_cache=True
+        target_options=own_server.endpoint.target_options(),
+        local_dir=local_dir,
+        skip_instance_cache=True,
     )
     survivor.flush(timeout=120)
-    assert _stored(private, pbucket, "ckpt/model.bin") == data
+    assert _stored(own_server, pbucket, "ckpt/model.bin") == data
 
 
 def test_store_down_during_uploads_then_back(
-    private: PrivateServer, pbucket: str, wb_fs: Callable[..., TierCacheFileSystem]
+    own_server: OwnServer, pbucket: str, wb_fs: Callable[..., TierCacheFileSystem]
 ) -> None:
     fs = wb_fs()
     written = {f"{pbucket}/run/step-{i}.bin": os.urandom(2 * MiB + i) for i in range(6)}
@@ -181,7 +153,7 @@ def test_store_down_during_uploads_then_back(
     for path, data in items[:3]:
         with fs.open(path, "wb") as f:
             f.write(data)
-    private.server.stop()  # the server process is gone, not just slow
+    own_server.stop()  # the server process is gone, not just slow
     try:
         for path, data in items[3:]:
             with fs.open(path, "wb") as f:  # the writer keeps going while the store is down
@@ -189,19 +161,19 @@ def test_store_down_during_uploads_then_back(
         time.sleep(1.5)  # uploads fail and are retried meanwhile
         assert len(fs.pending()) >= 3
     finally:
-        private.restart()
+        own_server.restart()
     fs.flush(timeout=180)
     for path, data in written.items():
-        assert _stored(private, pbucket, path.split("/", 1)[1]) == data
+        assert _stored(own_server, pbucket, path.split("/", 1)[1]) == data
     assert fs.stats()["upload_errors"] >= 1
 
 
 def test_commit_marker_is_never_visible_before_the_rest(
-    private: PrivateServer, pbucket: str, wb_fs: Callable[..., TierCacheFileSystem]
+    own_server: OwnServer, pbucket: str, wb_fs: Callable[..., TierCacheFileSystem]
 ) -> None:
     fs = wb_fs(upload_workers=4)
     files = {f"ckpt/step-7/__{i}_0.distcp": os.urandom(3 * MiB) for i in range(5)}
-    private.server.pause()  # everything queues up, then 4 uploaders race for it at once
+    own_server.pause()  # everything queues up, then 4 uploaders race for it at once
     try:
         for key, data in files.items():
             with fs.open(f"{pbucket}/{key}", "wb") as f:
@@ -209,8 +181,8 @@ def test_commit_marker_is_never_visible_before_the_rest(
         with fs.open(f"{pbucket}/ckpt/step-7/.metadata", "wb") as f:
             f.write(b"written last, as DCP does")
     finally:
-        private.server.resume()
-    client = private.client()
+        own_server.resume()
+    client = own_server.client()
     violations: list[list[str]] = []
     done = threading.Event()
 
@@ -229,14 +201,14 @@ def test_commit_marker_is_never_visible_before_the_rest(
         done.set()
         watcher.join()
     assert violations == []
-    assert _stored(private, pbucket, "ckpt/step-7/.metadata") == b"written last, as DCP does"
+    assert _stored(own_server, pbucket, "ckpt/step-7/.metadata") == b"written last, as DCP does"
 
 
 def test_overwrite_uploads_only_the_newest_and_rm_cancels(
-    private: PrivateServer, pbucket: str, wb_fs: Callable[..., TierCacheFileSystem]
+    own_server: OwnServer, pbucket: str, wb_fs: Callable[..., TierCacheFileSystem]
 ) -> None:
     fs = wb_fs()
-    private.server.pause()
+    own_server.pause()
     try:
         for version in (b"v1", b"v2", b"v3"):
             with fs.open(f"{pbucket}/latest.pt", "wb") as f:
@@ -245,19 +217,19 @@ def test_overwrite_uploads_only_the_newest_and_rm_cancels(
             f.write(b"temporary")
         assert len(fs.pending()) == 2
     finally:
-        private.server.resume()
+        own_server.resume()
     fs.rm(f"{pbucket}/scratch.pt")
     fs.flush(timeout=120)
-    assert _stored(private, pbucket, "latest.pt") == b"v3" * MiB
-    assert _stored(private, pbucket, "scratch.pt") is None
+    assert _stored(own_server, pbucket, "latest.pt") == b"v3" * MiB
+    assert _stored(own_server, pbucket, "scratch.pt") is None
     assert not fs.exists(f"{pbucket}/scratch.pt")
 
 
 def test_back_pressure_blocks_then_releases(
-    private: PrivateServer, pbucket: str, wb_fs: Callable[..., TierCacheFileSystem]
+    own_server: OwnServer, pbucket: str, wb_fs: Callable[..., TierCacheFileSystem]
 ) -> None:
     fs = wb_fs(dirty_max_bytes=3 * MiB)
-    private.server.pause()
+    own_server.pause()
     second_closed = threading.Event()
 
     def second_writer() -> None:
@@ -272,7 +244,7 @@ def test_back_pressure_blocks_then_releases(
         thread.start()
         assert not second_closed.wait(1.0)  # 2 + 2 MiB > 3 MiB: blocked, not failed
     finally:
-        private.server.resume()
+        own_server.resume()
     assert second_closed.wait(120)
     thread.join()
     fs.flush(timeout=120)
@@ -280,7 +252,7 @@ def test_back_pressure_blocks_then_releases(
 
 
 def test_status_and_flush_commands_finish_a_dead_writers_uploads(
-    private: PrivateServer, pbucket: str, tmp_path: Path
+    own_server: OwnServer, pbucket: str, tmp_path: Path
 ) -> None:
     import json
     import subprocess
@@ -288,8 +260,8 @@ def test_status_and_flush_commands_finish_a_dead_writers_uploads(
 
     local_dir = str(tmp_path / "tier")
     data = os.urandom(3 * MiB)
-    _kill_writer_after_close(private, local_dir, f"{pbucket}/job/out.bin", data)
-    env = {**os.environ, **private.server.env(), "TIERCACHE_LOCAL_DIR": local_dir}
+    _kill_writer_after_close(own_server, local_dir, f"{pbucket}/job/out.bin", data)
+    env = {**os.environ, **own_server.env(), "TIERCACHE_LOCAL_DIR": local_dir}
     cli = [sys.executable, "-m", "tiercache.cli"]
     status = subprocess.run(
         [*cli, "status", "--json"], env=env, capture_output=True, text=True, timeout=60, check=True
@@ -297,7 +269,7 @@ def test_status_and_flush_commands_finish_a_dead_writers_uploads(
     report = json.loads(status.stdout)
     assert report["pending"][0]["name"] == f"{pbucket}/job/out.bin"
     assert report["pending_bytes"] == len(data)
-    assert private.server.secret_key not in status.stdout + status.stderr
+    assert own_server.endpoint.secret not in status.stdout + status.stderr
     flushed = subprocess.run(
         [*cli, "flush", "--timeout", "120"],
         env=env,
@@ -308,7 +280,7 @@ def test_status_and_flush_commands_finish_a_dead_writers_uploads(
     )
     assert flushed.returncode == 0, flushed.stderr
     assert "uploaded 1 object(s)" in flushed.stdout
-    assert _stored(private, pbucket, "job/out.bin") == data
+    assert _stored(own_server, pbucket, "job/out.bin") == data
     after = subprocess.run(
         [*cli, "status", "--json"], env=env, capture_output=True, text=True, timeout=60, check=True
     )
@@ -323,14 +295,14 @@ def _drain(options: dict[str, Any], local_dir: str, start: Any, out: Any) -> Non
 
 
 def test_processes_sharing_a_cache_upload_each_file_once(
-    private: PrivateServer,
+    own_server: OwnServer,
     pbucket: str,
     wb_fs: Callable[..., TierCacheFileSystem],
     tmp_path: Path,
 ) -> None:
     fs = wb_fs(upload_workers=3)
     files = {f"{pbucket}/shared/{i}.bin": os.urandom(MiB + i) for i in range(8)}
-    private.server.pause()
+    own_server.pause()
     try:
         for path, data in files.items():
             with fs.open(path, "wb") as f:
@@ -338,7 +310,10 @@ def test_processes_sharing_a_cache_upload_each_file_once(
         ctx = multiprocessing.get_context("spawn")
         start, out = ctx.Event(), ctx.Queue()
         drainers = [
-            ctx.Process(target=_drain, args=(private.options(), str(tmp_path / "tier"), start, out))
+            ctx.Process(
+                target=_drain,
+                args=(own_server.endpoint.target_options(), str(tmp_path / "tier"), start, out),
+            )
             for _ in range(3)
         ]
         for p in drainers:
@@ -346,11 +321,11 @@ def test_processes_sharing_a_cache_upload_each_file_once(
         start.set()
         time.sleep(1.0)  # everybody is now trying to claim the same records
     finally:
-        private.server.resume()
+        own_server.resume()
     fs.flush(timeout=120)
     uploads = [out.get(timeout=120) for _ in drainers] + [fs.stats()["uploads"]]
     for p in drainers:
         p.join(60)
     assert sum(uploads) == len(files)  # each file uploaded by exactly one of the 4 processes
     for path, data in files.items():
-        assert _stored(private, pbucket, path.split("/", 1)[1]) == data
+        assert _stored(own_server, pbucket, path.split("/", 1)[1]) == data

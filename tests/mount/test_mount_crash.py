@@ -1,4 +1,8 @@
-"""A mount process killed with ``kill -9`` after ``close()`` loses nothing: flush uploads it."""
+"""A mount on a frozen store: ``kill -9`` after ``close()`` loses nothing; reads fail with EIO.
+
+Both tests freeze the store (SIGSTOP), which a test can only do to a server it owns: they run on
+``own_server``, a SeaweedFS of this module's own, not on the server under test.
+"""
 
 from __future__ import annotations
 
@@ -8,36 +12,18 @@ import secrets
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-import boto3
 import pytest
-import s3server
-from mount_helpers import active_mounts, cleanup_mount, make_cli, requires_fuse, server_env
+from mount_helpers import active_mounts, cleanup_mount, make_cli, requires_fuse
+
+if TYPE_CHECKING:  # the fixture's class; imported for annotations only
+    from conftest import OwnServer
 
 pytestmark = [pytest.mark.integration, requires_fuse]
 
 MiB = 1024 * 1024
-
-
-@pytest.fixture(scope="module")
-def private(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A server of this module's own: freezing it must not disturb the shared one."""
-    server = s3server.start_server(data_dir=str(tmp_path_factory.mktemp("private-s3")))
-    yield server
-    server.stop()
-
-
-def _client(server: Any) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=server.endpoint,
-        aws_access_key_id=server.access_key,
-        aws_secret_access_key=server.secret_key,
-        region_name=server.region,
-    )
 
 
 def _wait_unmounted(mountpoint: str, timeout: float) -> bool:
@@ -49,14 +35,11 @@ def _wait_unmounted(mountpoint: str, timeout: float) -> bool:
     return False
 
 
-def test_kill_9_with_dirty_files_loses_nothing(private: Any, tmp_path: Path) -> None:
+def test_kill_9_with_dirty_files_loses_nothing(own_server: OwnServer, tmp_path: Path) -> None:
     bucket = f"tc-crash-{secrets.token_hex(5)}"
-    client = _client(private)
+    client = own_server.client()
     client.create_bucket(Bucket=bucket)
-    cli = make_cli(
-        tmp_path,
-        server_env(private.endpoint, private.access_key, private.secret_key, private.region),
-    )
+    cli = make_cli(tmp_path, own_server.env())
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     report = cli.json("mount", f"s3://{bucket}/job", str(mnt))
@@ -64,7 +47,7 @@ def test_kill_9_with_dirty_files_loses_nothing(private: Any, tmp_path: Path) -> 
     data = {"ckpt/model.bin": os.urandom(7 * MiB), "ckpt/.metadata": b"meta"}
     try:
         (mnt / "ckpt").mkdir()  # while the store answers
-        private.pause()  # no upload can finish from here on
+        own_server.pause()  # no upload can finish from here on
         try:
             source = tmp_path / "model.bin"
             source.write_bytes(data["ckpt/model.bin"])
@@ -74,7 +57,7 @@ def test_kill_9_with_dirty_files_loses_nothing(private: Any, tmp_path: Path) -> 
             # fusermount3's auto_unmount takes the dead mount away.
             assert _wait_unmounted(str(mnt), 15)
         finally:
-            private.resume()
+            own_server.resume()
         listed = client.list_objects_v2(Bucket=bucket).get("Contents", [])
         assert listed == []  # nothing was uploaded before the kill
 
@@ -88,30 +71,27 @@ def test_kill_9_with_dirty_files_loses_nothing(private: Any, tmp_path: Path) -> 
             body = client.get_object(Bucket=bucket, Key=f"job/{key}")["Body"].read()
             assert body == value
     finally:
-        private.resume()
+        own_server.resume()
         cleanup_mount(cli, str(mnt), pid)
 
 
-def test_a_frozen_store_answers_eio_in_bounded_time(private: Any, tmp_path: Path) -> None:
+def test_a_frozen_store_answers_eio_in_bounded_time(own_server: OwnServer, tmp_path: Path) -> None:
     bucket = f"tc-crash-{secrets.token_hex(5)}"
-    client = _client(private)
+    client = own_server.client()
     client.create_bucket(Bucket=bucket)
     client.put_object(Bucket=bucket, Key="d/remote.bin", Body=os.urandom(MiB))
-    cli = make_cli(
-        tmp_path,
-        server_env(private.endpoint, private.access_key, private.secret_key, private.region),
-    )
+    cli = make_cli(tmp_path, own_server.env())
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     pid = int(cli.json("mount", f"s3://{bucket}/d", str(mnt), "--read-only")["pid"])
     try:
         assert os.listdir(mnt) == ["remote.bin"]  # listed while the store answers
-        private.pause()
+        own_server.pause()
         try:
             with pytest.raises(OSError) as caught:
                 (mnt / "remote.bin").read_bytes()  # not cached: needs the store
             assert caught.value.errno == errno.EIO
         finally:
-            private.resume()
+            own_server.resume()
     finally:
         cleanup_mount(cli, str(mnt), pid)
