@@ -188,7 +188,13 @@ def _exited(pid: int) -> bool:
     except OSError:
         return True
     # Field 3, after the parenthesised command name, is the state; Z = exited, unreaped.
-    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+    if stat.rsplit(")", 1)[-1].split()[0] != "Z":
+        return False
+    # weed (Go) shows Z while its last threads exit, and WNOHANG says "not yet" until they
+    # have: wait for our child, or it stays behind as <defunct> once we exit.
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+    return True
 
 
 def _stop_pid(pid: int, data_dir: str) -> None:
