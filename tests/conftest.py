@@ -17,11 +17,9 @@ import secrets
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 from tiercache import TierCacheFileSystem
@@ -34,32 +32,7 @@ sys.path.insert(0, str(ROOT / "tests" / "faults"))  # the fault proxy, for every
 
 import s3server  # noqa: E402
 from proxy import FaultProxy  # noqa: E402
-
-
-@dataclass(frozen=True)
-class S3Endpoint:
-    endpoint: str
-    key: str = field(repr=False)  # keys stay out of test reports and tracebacks
-    secret: str = field(repr=False)
-    region: str
-
-    def target_options(self) -> dict[str, Any]:
-        """s3fs-style options, as a user passes them in ``s3={...}``."""
-        return {
-            "endpoint_url": self.endpoint,
-            "key": self.key,
-            "secret": self.secret,
-            "client_kwargs": {"region_name": self.region},
-        }
-
-    def client(self) -> Any:
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            aws_access_key_id=self.key,
-            aws_secret_access_key=self.secret,
-            region_name=self.region,
-        )
+from servers_under_test import OwnServer, S3Endpoint  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -154,47 +127,6 @@ def small_tier(tmp_path: Path) -> Iterator[Path]:
         yield mountpoint
     finally:
         subprocess.run(["umount", "-l", str(mountpoint)], check=False)
-
-
-class OwnServer:
-    """A SeaweedFS a test module starts for itself, whatever ``TIERCACHE_TEST_S3_ENDPOINT`` says.
-
-    For tests of tiercache while its store is frozen (SIGSTOP), stopped or restarted: a test can
-    only do that to a server it owns. Such tests check tiercache's side of those faults; they do
-    not test the server under test (the ``s3`` fixture).
-    """
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self._server = s3server.start_server(data_dir=str(data_dir))
-        self.port = self._server.port
-        self.endpoint = S3Endpoint(
-            self._server.endpoint,
-            self._server.access_key,
-            self._server.secret_key,
-            self._server.region,
-        )
-
-    def client(self) -> Any:
-        return self.endpoint.client()
-
-    def env(self) -> dict[str, str]:
-        """``AWS_*`` variables that point boto3, s3fs and the tiercache CLI at this server."""
-        return self._server.env()
-
-    def pause(self) -> None:
-        self._server.pause()
-
-    def resume(self) -> None:
-        self._server.resume()
-
-    def stop(self) -> None:
-        self._server.stop()
-
-    def restart(self) -> None:
-        """Stop the server process and start a new one on the same port and data."""
-        self._server.stop()
-        self._server = s3server.start_server(port=self.port, data_dir=str(self.data_dir))
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conftest import S3Endpoint
+from servers_under_test import S3Endpoint
 
 from tiercache import TierCacheFileSystem
 

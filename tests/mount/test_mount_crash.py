@@ -19,7 +19,7 @@ import pytest
 from mount_helpers import active_mounts, cleanup_mount, make_cli, requires_fuse
 
 if TYPE_CHECKING:  # the fixture's class; imported for annotations only
-    from conftest import OwnServer
+    from servers_under_test import OwnServer
 
 pytestmark = [pytest.mark.integration, requires_fuse]
 
