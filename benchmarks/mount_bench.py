@@ -1,4 +1,4 @@
-"""Sequential reads through the FUSE mount vs tiercache's fsspec API vs plain local files."""
+"""Reads through the FUSE mount vs tiercache's fsspec API vs plain local files (and fio)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import io
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -43,6 +44,14 @@ NOTES = (
     "Mounts are made with the command line (`tiercache mount ... --read-only --consistency "
     "immutable`) in the background, as a user would, and unmounted after each pass.",
     "Reported value per mode = median seconds over --repeat samples.",
+    "fio (psync, one job, --fio-files files of 32 MiB, read-only): the same files in a plain "
+    "local directory and through a read-write mount with the default consistency (ttl). "
+    "Every run but mount_cold_seq reads for --fio-seconds. local_*: page-cache-warm local "
+    "files; local and warm mount runs alternate, 3 rounds, the median of each reported. "
+    "mount_cold_rand: 4 KiB random reads on a fresh tier and mount, through a counting "
+    "proxy (0.1 ms per request) that gives the bytes fetched from the store. mount_cold_seq: "
+    "1 MiB sequential reads of every file once, on a fresh tier and mount; mount_warm_seq, "
+    "mount_warm_rand: the same mount again (tier and kernel page cache warm, files reopened).",
     "--store-profile runs every mode that reads the store (boto3, fsspec and the mount "
     "process) through scripts/remote_store.py, the profile's numbers in params.store_profile; "
     "the upload, an untimed warm-up read of every object and cleanup go straight to the "
@@ -104,10 +113,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--chunk-mib", type=float, default=8, help="read size in MiB (default 8)")
     common.add_run_args(p, DEFAULT_JSON)
     common.add_store_profile_arg(p)
+    p.add_argument("--fio-files", type=int, default=8, help="files of 32 MiB for fio (0: skip)")
+    p.add_argument("--fio-seconds", type=float, default=5, help="length of each timed fio run")
     p.add_argument("--quick", action="store_true", help="4 objects x 16 MiB smoke run")
     args = p.parse_args(argv)
     if args.quick:
         args.shards, args.shard_mib = 4, 16
+        args.fio_files, args.fio_seconds = 4, 1
     if args.shards < 1 or args.shard_mib <= 0 or args.chunk_mib <= 0 or args.repeat < 1:
         p.error("--shards, --shard-mib, --chunk-mib and --repeat must be positive")
     return args
@@ -157,10 +169,10 @@ def timed_pass(ctx: Context, mode: str, reader: Reader) -> None:
     ctx.samples.setdefault(mode, []).append(total)
 
 
-def cli(ctx: Context, local_dir: Path, *args: str) -> dict[str, Any]:
+def cli(ctx: Context, local_dir: Path, *args: str, **env: str) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-m", "tiercache.cli", *args, "--json"],
-        env=ctx.env(local_dir),
+        env={**ctx.env(local_dir), **env},
         capture_output=True,
         text=True,
         timeout=120,
@@ -173,11 +185,17 @@ def cli(ctx: Context, local_dir: Path, *args: str) -> dict[str, Any]:
 
 
 @contextmanager
-def mounted(ctx: Context, local_dir: Path) -> Iterator[Path]:
+def mounted(
+    ctx: Context,
+    local_dir: Path,
+    flags: Sequence[str] = ("--read-only", "--consistency", "immutable"),
+    bucket: str | None = None,
+    endpoint_url: str | None = None,
+) -> Iterator[Path]:
     mountpoint = Path(tempfile.mkdtemp(prefix="mnt-", dir=ctx.tmp))
-    url = f"s3://{ctx.bucket}/shards"
-    flags = ("--read-only", "--consistency", "immutable")
-    pid = int(cli(ctx, local_dir, "mount", url, str(mountpoint), *flags)["pid"])
+    url = f"s3://{bucket or ctx.bucket}/shards"
+    env = {"AWS_ENDPOINT_URL": endpoint_url} if endpoint_url else {}
+    pid = int(cli(ctx, local_dir, "mount", url, str(mountpoint), *flags, **env)["pid"])
     try:
         yield mountpoint
     finally:
@@ -213,6 +231,151 @@ def run_repeat(ctx: Context) -> None:
         timed_pass(ctx, "mount_warm_pagecache", file_reader(ctx, mnt))
 
 
+FIO_FILE_MIB = 32
+FIO_WARM_ROUNDS = 3
+FIO_RATIOS = (  # name, numerator, denominator, measure, target, "min" (at least) or "max"
+    ("mount_warm_seq / local_seq (1 MiB, MiB/s)", "mount_warm_seq", "local_seq", "mib_s", 0.8),
+    ("mount_warm_rand / local_rand (4 KiB, IOPS)", "mount_warm_rand", "local_rand", "iops", 0.5),
+    ("mount_cold_seq / local_seq (1 MiB, MiB/s)", "mount_cold_seq", "local_seq", "mib_s", None),
+    ("mount_cold_rand / local_rand (4 KiB, IOPS)", "mount_cold_rand", "local_rand", "iops", None),
+)
+
+
+def fio(
+    ctx: Context, directory: Path, names: Sequence[str], rw: str, bs: str, timed: bool = True
+) -> dict[str, Any]:
+    """One fio psync job reading the files for --fio-seconds (``timed``), or each once."""
+    command = [
+        "fio",
+        "--name=read",
+        "--ioengine=psync",
+        "--numjobs=1",
+        "--readonly",
+        "--invalidate=0",  # warm means warm: fio must not drop the files' cached pages
+        f"--rw={rw}",
+        f"--bs={bs}",
+        "--filename=" + ":".join(str(directory / name) for name in names),
+        "--output-format=json",
+    ]
+    random = rw == "randread"
+    command.append("--file_service_type=" + ("random" if random else "sequential"))
+    if timed:
+        command += ["--time_based", f"--runtime={int(ctx.args.fio_seconds * 1000)}ms"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"fio failed: {(done.stderr or done.stdout).strip()}")
+    read = json.loads(done.stdout[done.stdout.index("{") :])["jobs"][0]["read"]
+    return {
+        "mib_s": round(read["bw_bytes"] / MiB, 1),
+        "iops": round(read["iops"]),
+        "bytes": read["io_bytes"],
+        "seconds": read["runtime"] / 1000,
+    }
+
+
+@contextmanager
+def counting_proxy(ctx: Context) -> Iterator[Any]:
+    """A proxy in front of the store that counts the bytes it serves (0.1 ms per request)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import remote_store
+
+    with remote_store.RemoteStore(
+        ctx.endpoint.url, "s3-region", latency_s=0.0001, conn_bps=0, total_bps=0, error_rate=0
+    ) as proxy:
+        yield proxy
+
+
+def fio_pass(ctx: Context, client: Any) -> dict[str, Any]:
+    """fio through a read-write mount (default consistency) against a plain local directory."""
+    tmp = ctx.tmp / "fio"
+    tmp.mkdir()
+    shape = argparse.Namespace(shards=ctx.args.fio_files, shard_mib=FIO_FILE_MIB)
+    dataset = build_dataset(client, shape, tmp)
+    names = [Path(shard.path).name for shard in dataset.shards]
+    local = Path(dataset.shards[0].path).parent
+    runs: dict[str, dict[str, Any]] = {}
+    try:
+        fio(ctx, local, names, "read", "1M", timed=False)  # the local files in the page cache
+        with counting_proxy(ctx) as proxy:
+            tier = Path(tempfile.mkdtemp(prefix="fio-tier-", dir=tmp))
+            with mounted(ctx, tier, (), dataset.bucket, proxy.url) as mnt:
+                before = proxy.bytes_down
+                runs["mount_cold_rand"] = fio(ctx, mnt, names, "randread", "4k")
+                runs["mount_cold_rand"]["fetched"] = proxy.bytes_down - before
+        tier = Path(tempfile.mkdtemp(prefix="fio-tier-", dir=tmp))
+        with mounted(ctx, tier, (), dataset.bucket) as mnt:
+            read_ahead_kb = kernel_read_ahead_kb(mnt)
+            runs["mount_cold_seq"] = fio(ctx, mnt, names, "read", "1M", timed=False)
+            # Warm runs alternate local and mount, the median of each kept: on a busy host a
+            # ratio of runs made side by side drifts less than one of runs made apart.
+            samples: dict[str, list[dict[str, Any]]] = {}
+            for _ in range(FIO_WARM_ROUNDS):
+                for name, where, rw, bs in (
+                    ("local_seq", local, "read", "1M"),
+                    ("mount_warm_seq", mnt, "read", "1M"),
+                    ("local_rand", local, "randread", "4k"),
+                    ("mount_warm_rand", mnt, "randread", "4k"),
+                ):
+                    samples.setdefault(name, []).append(fio(ctx, where, names, rw, bs))
+            for name, taken in samples.items():
+                runs[name] = sorted(taken, key=lambda run: float(run["mib_s"]))[len(taken) // 2]
+    finally:
+        if not ctx.endpoint.started_here:
+            delete_dataset(client, dataset)
+    ratios: list[dict[str, Any]] = []
+    for name, numerator, denominator, measure, target in FIO_RATIOS:
+        value = runs[numerator][measure] / max(runs[denominator][measure], 1e-9)
+        row: dict[str, Any] = {"name": name, "value": round(value, 3), "target": target}
+        if target is not None:
+            row["result"] = "PASS" if value >= target else "MISS"
+        ratios.append(row)
+    cold = runs["mount_cold_rand"]
+    fetched = cold["fetched"] / max(cold["bytes"], 1)
+    ratios.append(
+        {
+            "name": "mount_cold_rand bytes fetched / bytes read (at most)",
+            "value": round(fetched, 3),
+            "target": 2.0,
+            "result": "PASS" if fetched <= 2.0 else "MISS",
+        }
+    )
+    return {
+        "files": len(names),
+        "file_mib": FIO_FILE_MIB,
+        "read_ahead_kb": read_ahead_kb,
+        "runs": runs,
+        "ratios": ratios,
+    }
+
+
+def kernel_read_ahead_kb(mountpoint: Path) -> int | None:
+    """The kernel's read-ahead for the mount (None where it cannot be read)."""
+    device = os.stat(mountpoint).st_dev
+    name = f"{os.major(device)}:{os.minor(device)}"
+    try:
+        return int(Path(f"/sys/class/bdi/{name}/read_ahead_kb").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def print_fio(report: dict[str, Any]) -> None:
+    print(
+        f"\nfio psync, one job, {report['files']} files x {report['file_mib']} MiB; "
+        f"the mount's kernel read-ahead {report['read_ahead_kb']} KiB"
+    )
+    print(f"{'run':<18} {'MiB/s':>9} {'IOPS':>9} {'MiB read':>9} {'MiB fetched':>12}")
+    for name, run in report["runs"].items():
+        fetched = f"{run['fetched'] / MiB:>12.1f}" if "fetched" in run else ""
+        print(
+            f"{name:<18} {run['mib_s']:>9.1f} {run['iops']:>9} {run['bytes'] / MiB:>9.1f}{fetched}"
+        )
+    print(f"\n{'fio ratio':<54} {'value':>6} {'target':>7}  result")
+    for row in report["ratios"]:
+        sign = "<=" if "at most" in row["name"] else ">="
+        target = f"{sign}{row['target']:g}" if row["target"] is not None else ""
+        print(f"{row['name']:<54} {row['value']:>6.3f} {target:>7}  {row.get('result', '')}")
+
+
 def summarize(ctx: Context) -> dict[str, dict[str, Any]]:
     modes = {}
     for mode, samples in ctx.samples.items():
@@ -237,6 +400,8 @@ def print_report(result: dict[str, Any]) -> None:
     for mode, row in result["modes"].items():
         print(f"{mode:<24} {row['bytes'] / MiB:>7.0f} {row['seconds']:>8.3f} {row['mib_s']:>8.1f}")
     common.print_ratio_rows(result["ratios"], 62)
+    if result.get("fio"):
+        print_fio(result["fio"])
     common.print_notes(result["notes"])
 
 
@@ -276,6 +441,11 @@ def benchmark_through(
     for _ in range(args.repeat):
         run_repeat(ctx)
     modes = summarize(ctx)
+    fio_report = None
+    if args.fio_files > 0:
+        if shutil.which("fio") is None:
+            raise RuntimeError("fio is not installed (apt-get install fio), or pass --fio-files 0")
+        fio_report = fio_pass(ctx, common.make_client(ctx.endpoint))
     return {
         "params": {
             "shards": args.shards,
@@ -288,6 +458,7 @@ def benchmark_through(
         "machine": common.machine_info(endpoint),
         "modes": modes,
         "ratios": common.ratio_rows(modes, RATIOS),
+        "fio": fio_report,
         "notes": list(NOTES),
     }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from typing import Any, Protocol
 
 from tiercache.config import TierCacheConfig
@@ -110,6 +111,15 @@ def filesystem_from_args(args: argparse.Namespace, **overrides: Any) -> TierCach
 
 def print_json(payload: Any) -> None:
     print(json.dumps(payload, indent=2, sort_keys=True))
+
+
+def report_error(args: argparse.Namespace, message: str, code: int = 1, **details: Any) -> int:
+    """Say why the command failed (JSON on stdout with ``--json``, else one line on stderr)."""
+    if getattr(args, "json", False):
+        print_json({"error": message, "command": args.command, **details})
+    else:
+        print(f"tiercache {args.command}: {message}", file=sys.stderr)
+    return code
 
 
 def human_bytes(nbytes: float) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 
@@ -13,7 +14,9 @@ from tiercache.cli.common import (
     filesystem_from_args,
     human_bytes,
     print_json,
+    report_error,
 )
+from tiercache.cli.which_tier import add_mount_flag, choose_tier
 from tiercache.errors import CacheTimeoutError, UploadFailedError
 from tiercache.filesystem import TierCacheFileSystem
 
@@ -27,6 +30,10 @@ examples:
   tiercache flush --timeout 600         # exit 1, naming what is left, if not done in 10 min
   tiercache flush --retry-failed        # send again what the store refused (after a fix)
   tiercache flush --watch               # keep draining new uploads until interrupted
+  tiercache flush --mount /mnt/ckpt     # what the mount on /mnt/ckpt wrote
+
+Without --local-dir it flushes the tier of the running mount, and refuses, naming the
+mounts, when mounts with different tiers run (or the configured tier is none of theirs).
 
 Exit status 0 means everything written behind in this local tier is in the store. Before
 uploading, the journal is reconciled with the tier (what a crash left is repaired or
@@ -39,6 +46,7 @@ endpoint than the one given (run flush again with that --endpoint-url).
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     add_tier_flags(parser)
+    add_mount_flag(parser)
     add_store_flags(parser)
     parser.add_argument("--timeout", type=float, help="give up after this many seconds")
     parser.add_argument(
@@ -53,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    choose_tier(args)
     fs = filesystem_from_args(args)
     started = time.monotonic()
     repairs = fs.fsck(scrub=False)
@@ -65,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
     except (CacheTimeoutError, UploadFailedError) as exc:
         return _fail(args, str(exc), fs)
     except KeyboardInterrupt:
-        print("tiercache flush: interrupted; what is left stays in the journal", file=sys.stderr)
-        return 130
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends it at once
+        return report_error(args, "interrupted; what is left stays in the journal", code=130)
     elsewhere = fs.pending_elsewhere()
     if elsewhere:
         stores = sorted({r["store"] for r in elsewhere})
@@ -78,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
             fs,
         )
     summary = {
+        "local_dir": fs.config.local_dir,
         "uploaded": len(before),
         "bytes": sum(p["size"] for p in before),
         "seconds": round(time.monotonic() - started, 3),

@@ -30,8 +30,9 @@ examples:
   tiercache mount s3://ckpt/run-7 /mnt/ckpt --local-dir /nvme/tiercache --local-max-bytes 500GiB
   tiercache unmount /mnt/ckpt
 
-Reads come from the local tier (fetched from the store on first use); with
---consistency immutable the kernel also keeps file pages cached across opens. Files
+Reads come from the local tier (fetched from the store on first use; reads out of
+order of a file not in the tier fetch just their ranges); the kernel keeps the pages of
+a file across opens while its object is unchanged. Files
 written through a read-write mount are uploaded behind: close() returns once the bytes
 are durable in the local tier; `tiercache flush` finishes uploads after a crash.
 Without --foreground the command returns once the mount is up; the mount process logs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 
@@ -13,6 +14,7 @@ from tiercache.cli.common import (
     filesystem_from_args,
     human_bytes,
     print_json,
+    report_error,
 )
 from tiercache.cli.progress import ProgressBar
 from tiercache.prefetch import PrefetchHandle
@@ -52,12 +54,12 @@ def run(args: argparse.Namespace) -> int:
         handle.cancel()
         bar.close()
         done = handle.progress()
-        print(
-            f"tiercache prefetch: interrupted; {done.fetched + done.cached} object(s) in the "
-            "cache, the rest cancelled",
-            file=sys.stderr,
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends it at once
+        return report_error(
+            args,
+            f"interrupted; {done.fetched + done.cached} object(s) in the cache, the rest cancelled",
+            code=130,
         )
-        return 130
     _draw(bar, handle)
     bar.close()
     summary = _summary(handle, time.monotonic() - started)

@@ -13,7 +13,7 @@ from tiercache.cli.common import (
     human_bytes,
     print_json,
 )
-from tiercache.mount.control import active_mounts, read_mount_stats
+from tiercache.mount.control import read_mount_stats, running_mounts
 
 NAME = "stats"
 HELP = "counters: hits, misses, bytes, store requests, tier usage, and each mount's own"
@@ -46,13 +46,15 @@ def run(args: argparse.Namespace) -> int:
         "pending_uploads": len(fs.pending()),
         "mounts": [],
     }
-    for mount in active_mounts():
-        published = read_mount_stats(fs.config.local_dir, mount.mountpoint)
+    for mount in running_mounts():
+        # A mount publishes its counters under its own tier, which its record names.
+        published = read_mount_stats(mount.local_dir or fs.config.local_dir, mount.mountpoint)
         report["mounts"].append(
             {
                 "mountpoint": mount.mountpoint,
                 "url": mount.url,
-                "pid": published.get("pid") if published else None,
+                "pid": mount.pid or (published.get("pid") if published else None),
+                "local_dir": mount.local_dir,
                 "stats": published.get("stats") if published else None,
             }
         )

@@ -13,7 +13,7 @@ from tiercache.cli.common import (
     human_bytes,
     print_json,
 )
-from tiercache.mount.control import active_mounts
+from tiercache.cli.which_tier import add_mount_flag, choose_tier
 from tiercache.tiers.local import LocalTier
 from tiercache.tiers.shared import SharedTier
 from tiercache.write.reconcile import reconcile_journal
@@ -27,19 +27,24 @@ EPILOG = """\
 examples:
   tiercache status
   tiercache status --local-dir /nvme/tiercache --json | jq .pending_bytes
+  tiercache status --mount /mnt/ckpt     # the tier of the mount on /mnt/ckpt
 
-Reads only local files (the tier, the upload journal, /proc/mounts): it works while the
-store is down.
+Without --local-dir it shows the tier of the running mount (TIERCACHE_LOCAL_DIR, the
+config file or the default when no mount runs), and refuses, naming the mounts and their
+tiers, when mounts with different tiers run. Reads only local files (the tier, the upload
+journal, /proc/mounts, the mounts' records): it works while the store is down.
 """
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     add_tier_flags(parser)
+    add_mount_flag(parser)
     add_json_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    mounts = choose_tier(args)
     config = config_from_args(args)
     tier = LocalTier(config.local_dir, config.local_max_bytes, config.file_mode, config.dir_mode)
     journal = WriteState(tier, config.lock_timeout)
@@ -64,10 +69,8 @@ def run(args: argparse.Namespace) -> int:
         "pending_bytes": sum(p["size"] for p in pending),
         "failed_uploads": sum(p["state"] != "dirty" for p in pending),
         "pending": pending,
-        "mounts": [
-            {"mountpoint": m.mountpoint, "url": m.url, "read_only": m.read_only}
-            for m in active_mounts()
-        ],
+        "mounts": [m.to_json() for m in mounts],
+        "tier_of_mounts": [m.mountpoint for m in mounts if m.local_dir == tier.root],
     }
     if config.shared_dir is not None:
         file_mode, dir_mode = config.shared_modes
@@ -78,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report)
         return 0
-    print(f"local tier  {report['local_dir']}")
+    users = report["tier_of_mounts"]
+    print(f"local tier  {report['local_dir']}" + (f"  (of {', '.join(users)})" if users else ""))
     print(
         f"  usage     {human_bytes(report['local_usage_bytes'])} "
         f"of {human_bytes(report['local_max_bytes'])}"
@@ -99,5 +103,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"mounts      {len(report['mounts'])}")
     for mount in report["mounts"]:
         mode = "ro" if mount["read_only"] else "rw"
-        print(f"  {mount['mountpoint']}  {mount['url']}  ({mode})")
+        pid = mount["pid"] if mount["pid"] is not None else "?"
+        where = mount["local_dir"] or "tier unknown (no record)"
+        print(f"  {mount['mountpoint']}  {mount['url']}  ({mode}, pid {pid}, {where})")
     return 0

@@ -15,21 +15,24 @@ BLOCK_SIZE = 1 << 20
 
 @dataclass(frozen=True)
 class Attr:
-    """What ``getattr`` reports for one path: a file (with size and mtime) or a directory."""
+    """What ``getattr`` reports for one path: a file (size, mtime, mode) or a directory.
+
+    ``mode`` holds the permission bits set through the mount (``chmod``); None reports the
+    default.
+    """
 
     is_dir: bool
     size: int = 0
-    mtime: float = 0.0
+    mtime_ns: int = 0
+    mode: int | None = None
 
     def to_stat(self, uid: int, gid: int, writable: bool) -> dict[str, Any]:
         write_bits = 0o200 if writable else 0
-        if self.is_dir:
-            mode = stat.S_IFDIR | 0o555 | write_bits
-            nlink = 2
-        else:
-            mode = stat.S_IFREG | 0o444 | write_bits
-            nlink = 1
-        mtime_ns = int(self.mtime * 1e9)
+        default = (0o555 if self.is_dir else 0o444) | write_bits
+        bits = default if self.mode is None else self.mode & 0o7777
+        bits = bits if writable else bits & ~0o222
+        mode = (stat.S_IFDIR if self.is_dir else stat.S_IFREG) | bits
+        nlink = 2 if self.is_dir else 1
         return {
             "st_mode": mode,
             "st_nlink": nlink,
@@ -38,13 +41,13 @@ class Attr:
             "st_gid": gid,
             "st_blksize": BLOCK_SIZE,
             "st_blocks": (self.size + 511) // 512,
-            "st_mtime": mtime_ns,
-            "st_ctime": mtime_ns,
-            "st_atime": mtime_ns,
+            "st_mtime": self.mtime_ns,
+            "st_ctime": self.mtime_ns,
+            "st_atime": self.mtime_ns,
         }
 
 
-DIRECTORY = Attr(is_dir=True, mtime=time.time())  # directories date from the mount
+DIRECTORY = Attr(is_dir=True, mtime_ns=time.time_ns())  # directories date from the mount
 
 
 def attr_from_info(info: dict[str, Any]) -> Attr:
@@ -52,7 +55,8 @@ def attr_from_info(info: dict[str, Any]) -> Attr:
     if info.get("type") == "directory":
         return DIRECTORY
     mtime = info.get("mtime")
-    return Attr(False, int(info.get("size") or 0), float(mtime) if mtime else time.time())
+    mtime_ns = int(float(mtime) * 1e9) if mtime else time.time_ns()
+    return Attr(False, int(info.get("size") or 0), mtime_ns)
 
 
 class AttrCache:

@@ -46,13 +46,43 @@ def fuse_class(mountpoint: str) -> Any:
             done: int = self.operations.truncate(decoded, length, fip.contents if fip else None)
             return done
 
+        def utimens_fuse_2(self, path: bytes | None, buf: Any) -> int:
+            # mfusepy folds UTIME_NOW and UTIME_OMIT into the nanoseconds; the mount needs
+            # them apart (``touch -m`` leaves the atime, ``touch`` sets now).
+            decoded = None if path is None else path.decode(self.encoding, self.errors)
+            times = None
+            if buf:
+                times = (_ns(buf.contents.actime), _ns(buf.contents.modtime))
+            done: int = self.operations.utimens(decoded, times)
+            return done
+
         def init_fuse_3(self, conn: Any, config: Any) -> None:
             threading.Thread(
                 target=_raise_read_ahead, args=(mountpoint,), name="mount-readahead", daemon=True
             ).start()
             super().init_fuse_3(conn, config)
 
+        def init_fuse_2(self, conn: Any) -> None:
+            # mfusepy loads libfuse 2 where both are installed: the read-ahead is raised there too.
+            threading.Thread(
+                target=_raise_read_ahead, args=(mountpoint,), name="mount-readahead", daemon=True
+            ).start()
+            super().init_fuse_2(conn)
+
     return FUSE
+
+
+_UTIME_NOW = (1 << 30) - 1
+_UTIME_OMIT = (1 << 30) - 2
+
+
+def _ns(ts: Any) -> int | None:
+    """A ``timespec`` in nanoseconds; None for UTIME_OMIT."""
+    if ts.tv_nsec == _UTIME_OMIT:
+        return None
+    if ts.tv_nsec == _UTIME_NOW:
+        return time.time_ns()
+    return int(ts.tv_sec) * 10**9 + int(ts.tv_nsec)
 
 
 def caller_pid() -> int:

@@ -1,7 +1,8 @@
-"""Mount process control: URL and mountpoint checks, background mount, unmount, /proc/mounts."""
+"""Mount process control: URL and mountpoint checks, background mount, unmount, mount records."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -114,6 +115,99 @@ def read_mount_stats(local_dir: str, mountpoint: str) -> dict[str, Any] | None:
             return data
     except (OSError, ValueError):
         return None
+
+
+@dataclass(frozen=True)
+class RunningMount:
+    """A tiercache mount of this host, with what its own record says (None: no record)."""
+
+    mountpoint: str
+    url: str
+    read_only: bool
+    pid: int | None = None
+    local_dir: str | None = None
+    shared_dir: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def records_dir() -> str:
+    """Where each mount process records itself: its pid and tiers (per user, not per tier).
+
+    The operator commands find a mount's tier here whatever ``--local-dir`` it was given.
+    """
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local/state")
+    return os.path.join(base, "tiercache", "mounts")
+
+
+def _record_path(mountpoint: str, directory: str) -> str:
+    digest = hashlib.sha256(os.path.realpath(mountpoint).encode()).hexdigest()[:16]
+    return os.path.join(directory, f"{digest}.json")
+
+
+def write_record(mount: RunningMount, directory: str | None = None) -> str:
+    """Record this mount process (temp file + rename); returns the record's path."""
+    directory = directory or records_dir()
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    path = _record_path(mount.mountpoint, directory)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(mount.to_json(), f)
+    os.replace(tmp, path)
+    return path
+
+
+def remove_record(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _read_record(mountpoint: str, directory: str) -> dict[str, Any] | None:
+    try:
+        with open(_record_path(mountpoint, directory), encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("mountpoint") != mountpoint:
+        return None
+    pid = data.get("pid")
+    return data if isinstance(pid, int) and _alive(pid) else None
+
+
+def running_mounts(
+    directory: str | None = None, proc_mounts: str = "/proc/mounts"
+) -> list[RunningMount]:
+    """The kernel's tiercache mounts, each with its process's record where it left one."""
+    directory = directory or records_dir()
+    found = []
+    for mount in active_mounts(proc_mounts):
+        record = _read_record(mount.mountpoint, directory) or {}
+        local_dir, shared_dir = record.get("local_dir"), record.get("shared_dir")
+        found.append(
+            RunningMount(
+                mountpoint=mount.mountpoint,
+                url=mount.url,
+                read_only=mount.read_only,
+                pid=record.get("pid"),
+                local_dir=local_dir if isinstance(local_dir, str) else None,
+                shared_dir=shared_dir if isinstance(shared_dir, str) else None,
+            )
+        )
+    return found
 
 
 def start_background(argv: Sequence[str], mountpoint: str, log_path: str) -> int:

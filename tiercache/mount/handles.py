@@ -1,17 +1,20 @@
-"""The mount's open files: read handles over cached objects, entry handles over writable files."""
+"""The mount's open files: read handles (cached or cold objects), entry handles (writable)."""
 
 from __future__ import annotations
 
 import errno
 import itertools
 import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from tiercache.mount.writable import WritableFile
+from tiercache.store.retry import RetryableError
 
 
 class ReadObserver(Protocol):
-    """Where a read-ahead engine plugs in: told of every open for reading and every read.
+    """Where a read-ahead engine plugs in: told of each file read through the cache, each read.
 
     The mount itself reads only what the kernel asks for (the kernel's own read-ahead and
     large requests keep a sequential reader busy); a prefetch engine given to the operations
@@ -51,6 +54,196 @@ class ReadHandle:
 
     def close(self) -> None:
         self._file.close()
+
+
+# A read within this many read sizes of where the last one ended counts as the next one.
+_NEAR_READS = 4
+
+
+class ColdReadHandle:
+    """An object not in the tier, opened for reading: nothing is fetched until it is read.
+
+    Reads out of order are served by ranged GETs of just the bytes asked for (pinned to the
+    ETag seen at open), so a random reader moves about what it reads. Once the reads run
+    sequentially (``SEQUENTIAL_READS`` in a row), the ranges have moved as many bytes as the
+    object holds, or one read asks for all of it (a small file), the object is opened through
+    the cache (fetched whole, read as it arrives) and ``on_whole`` is called: a random reader
+    moves at most twice what it reads.
+    """
+
+    SEQUENTIAL_READS = 2
+
+    def __init__(
+        self,
+        path: str,
+        size: int,
+        read_range: Callable[[int, memoryview], int],
+        open_whole: Callable[[], Any],
+        on_whole: Callable[[int], None] | None = None,
+    ) -> None:
+        self.path = path
+        self.size = size
+        self._read_range = read_range
+        self._open_whole = open_whole
+        self._on_whole = on_whole
+        self._whole: ReadHandle | None = None
+        self._lock = threading.Lock()
+        self._next = -1  # where a sequential reader reads next
+        self._in_a_row = 0
+        self._ranged_bytes = 0
+
+    def read(self, size: int, offset: int) -> bytes:
+        buffer = bytearray(size)
+        done = self.read_into(memoryview(buffer), offset)
+        return bytes(buffer[:done])
+
+    def read_into(self, buffer: memoryview, offset: int) -> int:
+        with self._lock:
+            whole = self._whole
+            if whole is None:
+                # The kernel's read-ahead sends a sequential reader's requests in parallel,
+                # so they may arrive a little out of order: near the last one counts.
+                near = abs(offset - self._next) <= _NEAR_READS * len(buffer)
+                self._in_a_row = self._in_a_row + 1 if near else 1
+                if (
+                    self._in_a_row >= self.SEQUENTIAL_READS
+                    or self._ranged_bytes >= self.size
+                    or len(buffer) >= self.size  # one read takes it all: fetch it, keep it
+                ):
+                    whole = self._whole = ReadHandle(self.path, self._open_whole())
+                    if self._on_whole is not None:
+                        self._on_whole(self.size)
+            if whole is None:
+                view = buffer[: max(0, min(len(buffer), self.size - offset))]
+                done = self._read_range(offset, view) if len(view) else 0
+                self._ranged_bytes += done
+                self._next = offset + done
+                if self._ranged_bytes >= self.size:  # read through once: fetch it, keep it
+                    self._whole = ReadHandle(self.path, self._open_whole())
+                    if self._on_whole is not None:
+                        self._on_whole(self.size)
+                return done
+        return whole.read_into(buffer, offset)
+
+    def close(self) -> None:
+        with self._lock:
+            whole, self._whole = self._whole, None
+        if whole is not None:
+            whole.close()
+
+
+def ranged_reader(fs: Any, full: str, etag: str | None) -> Callable[[int, memoryview], int]:
+    """Read ``[offset, offset + len(view))`` of ``full`` from the store (one GET, retried)."""
+    bucket, key = fs.split_path(full)
+    attempts = max(1, int(fs.config.retries))
+
+    def read_range(offset: int, view: memoryview) -> int:
+        failures = 0
+        while True:
+            stream = fs.store.open_range(bucket, key, offset, offset + len(view), if_match=etag)
+            done = 0
+            try:
+                while done < len(view):
+                    got = stream.readinto(view[done:])
+                    if not got:
+                        break
+                    done += got
+                return done
+            except RetryableError:
+                failures += 1
+                if failures >= attempts:
+                    raise
+            finally:
+                stream.close()
+
+    return read_range
+
+
+class KeptPages:
+    """Which version of each file the kernel may hold pages of, to keep them on the next open.
+
+    The kernel drops a file's cached pages at each open unless the open says to keep them
+    (FOPEN_KEEP_CACHE). They are kept when the object opened is the version (size and ETag)
+    opened last time: the pages hold its bytes. A changed object, or one without an ETag,
+    drops them.
+    """
+
+    def __init__(self, limit: int = 1 << 16) -> None:
+        self._seen: OrderedDict[str, tuple[int, str]] = OrderedDict()
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def opened(self, path: str, size: int, etag: str | None) -> bool:
+        """Record the version opened; whether the kernel's pages of ``path`` are of it."""
+        version = (size, etag.strip('"')) if etag else None
+        with self._lock:
+            previous = self._seen.pop(path, None)
+            if version is None:
+                return False
+            self._seen[path] = version
+            while len(self._seen) > self._limit:
+                self._seen.popitem(last=False)
+        return previous == version
+
+
+class ReadOpener:
+    """Opens objects for reading: a cached one at once, a cold one lazily (``ColdReadHandle``).
+
+    The observer (the directory read-ahead) hears of an open when the file is read through
+    the cache: at once for a cached file, at the first sequential reads for a cold one, so a
+    random reader does not make the next files of its directory be fetched.
+    """
+
+    def __init__(self, fs: Any, observer: ReadObserver | None, keep_always: bool) -> None:
+        self._fs = fs
+        self._observer = observer
+        self._keep_always = keep_always  # immutable objects: the pages are always good
+        self.kept = KeptPages()
+        self._lock = threading.Lock()
+        self._ranged = {"ranged_reads": 0, "bytes_read": 0, "bytes_fetched": 0}
+
+    def counters(self) -> dict[str, int]:
+        """What ranged reads did; the cache's own counters do not see them."""
+        with self._lock:
+            return dict(self._ranged)
+
+    def _count_range(self, nbytes: int) -> None:
+        with self._lock:
+            self._ranged["ranged_reads"] += 1
+            self._ranged["bytes_read"] += nbytes
+            self._ranged["bytes_fetched"] += nbytes
+
+    def open(self, path: str, full: str) -> tuple[ReadHandle | ColdReadHandle, bool]:
+        """A handle and whether the kernel may keep the file's cached pages."""
+        if self._fs.is_cached(full):
+            file = self._fs.open(full, "rb")
+            size = int(getattr(file, "size", 0))
+            keep = self.kept.opened(path, size, getattr(file, "etag", None))
+            self._opened(path, size)
+            return ReadHandle(path, file), keep or self._keep_always
+        info = self._fs.info(full)
+        if info.get("type") != "file":
+            raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+        size, etag = int(info["size"]), info.get("ETag")
+        read_range = ranged_reader(self._fs, full, etag)
+
+        def read_and_count(offset: int, view: memoryview) -> int:
+            done = read_range(offset, view)
+            self._count_range(done)
+            return done
+
+        handle = ColdReadHandle(
+            path,
+            size,
+            read_and_count,
+            lambda: self._fs.open(full, "rb"),
+            lambda size: self._opened(path, size),
+        )
+        return handle, self.kept.opened(path, size, etag) or self._keep_always
+
+    def _opened(self, path: str, size: int) -> None:
+        if self._observer is not None:
+            self._observer.opened(path, size)
 
 
 class EntryHandle:
@@ -97,7 +290,7 @@ class EntryHandle:
         return self.entry.write(data, offset)
 
 
-Handle = ReadHandle | EntryHandle
+Handle = ReadHandle | ColdReadHandle | EntryHandle
 
 
 class HandleTable:

@@ -24,7 +24,9 @@ from typing import Any, TypeVar
 from tiercache.mount.attrs import DIRECTORY, Attr, AttrCache, attr_from_info
 from tiercache.mount.caller import closing_state
 from tiercache.mount.errno_map import errno_for
-from tiercache.mount.handles import EntryHandle, HandleTable, ReadHandle, ReadObserver
+from tiercache.mount.handles import EntryHandle, HandleTable, ReadObserver, ReadOpener
+from tiercache.mount.kept import DEFAULT_FILE_MODE, AttrKeeper, SetAttrs
+from tiercache.mount.moves import TreeMoveError, move_tree, objects_under
 from tiercache.mount.writable import WritableFile, WritableFiles
 
 log = logging.getLogger("tiercache.mount")
@@ -34,6 +36,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 # How long a rename waits for the release of a file every process has closed (the kernel
 # sends the release after close(2) returns, so ``close; rename`` can overtake it).
 RELEASE_WAIT = 2.0
+# How long this mount's own deletes outrank a listing that still shows the names (a store
+# whose listings lag its deletes would otherwise show them, and refuse rmdir with ENOTEMPTY).
+GONE_TRUST = 60.0
+# How long an unmount waits to save the times and modes set just before it.
+ATTRS_DRAIN = 30.0
 
 
 class FuseError(OSError):
@@ -100,6 +107,7 @@ class MountOperations:
         self.options = options
         self.observer = observer
         self.handles = HandleTable()
+        self.readers = ReadOpener(fs, observer, options.keep_cache)
         self.writables = WritableFiles()
         self.cache = AttrCache(options.attr_ttl)
         # Directories made here (object stores have no directories: a made one lives in the
@@ -110,7 +118,11 @@ class MountOperations:
         self._dirs_lock = threading.Lock()
         self._open_dirs: dict[int, str] = {}  # opendir's handles (readdir gets no path)
         self._dir_numbers = itertools.count(1)
+        self._gone: dict[str, float] = {}  # deleted here (under _dirs_lock): when
         self._uid, self._gid = os.getuid(), os.getgid()
+        self.kept = AttrKeeper(
+            fs, self._full, lambda path: self.writables.current(path) is not None, self.cache.forget
+        )
 
     # -- paths and attributes ----------------------------------------------------------------
 
@@ -123,11 +135,26 @@ class MountOperations:
 
     def _attr(self, path: str) -> Attr:
         if path == "/":
-            return DIRECTORY
+            return self._with_kept(path, DIRECTORY)
         entry = self.writables.current(path)
         if entry is not None:
-            return Attr(False, entry.size(), entry.mtime)
-        return self._stored_attr(path)
+            return self._entry_attr(entry)
+        return self._with_kept(path, self._stored_attr(path))
+
+    def _entry_attr(self, entry: WritableFile) -> Attr:
+        return self._with_kept(entry.path, Attr(False, entry.size(), entry.mtime_ns))
+
+    def _with_kept(self, path: str, attr: Attr) -> Attr:
+        """``attr`` with the times and mode set here and not yet in the store."""
+        kept = self.kept.get_dir(path) if attr.is_dir else self.kept.get(path)
+        if kept is None:
+            return attr
+        return Attr(
+            attr.is_dir,
+            attr.size,
+            attr.mtime_ns if kept.mtime_ns is None else kept.mtime_ns,
+            attr.mode if kept.mode is None else kept.mode,
+        )
 
     def _stored_attr(self, path: str) -> Attr:
         """What the cache or the store says of ``path`` (files open here aside)."""
@@ -135,6 +162,9 @@ class MountOperations:
             if path in self._made_dirs:
                 return DIRECTORY
             in_fresh_dir = posixpath.dirname(path) in self._fresh_dirs
+            gone = self._is_gone(path)
+        if gone:
+            raise FuseError(errno.ENOENT)
         known, attr = self.cache.get(path)
         if not known:
             full = self._full(path)
@@ -144,13 +174,54 @@ class MountOperations:
                 attr = None
             else:
                 try:
-                    attr = attr_from_info(self.fs.info(full))
+                    info = self.fs.info(full)
+                    attr = self._with_stored_metadata(path, info)
                 except FileNotFoundError:
                     attr = None
             self.cache.put(path, attr)
         if attr is None:
             raise FuseError(errno.ENOENT)
         return attr
+
+    def _with_stored_metadata(self, path: str, info: dict[str, Any]) -> Attr:
+        """A stored file's attributes with the mtime and mode its metadata holds."""
+        attr = attr_from_info(info)
+        if attr.is_dir or self.options.read_only:  # a data mount: no HEAD per stat
+            return attr
+        meta = self.kept.stored(path, info.get("ETag"))
+        return Attr(
+            False,
+            attr.size,
+            attr.mtime_ns if meta.mtime_ns is None else meta.mtime_ns,
+            meta.mode,
+        )
+
+    def _is_gone(self, path: str) -> bool:
+        """Deleted here lately (hold ``_dirs_lock``): trusted over what a listing says."""
+        when = self._gone.get(path)
+        if when is not None and time.monotonic() - when > GONE_TRUST:
+            del self._gone[path]
+            return False
+        return when is not None
+
+    def _mark_gone(self, *paths: str) -> None:
+        with self._dirs_lock:
+            now = time.monotonic()
+            for path in paths:
+                self._gone[path] = now
+
+    def _mark_made(self, path: str) -> None:
+        """``path`` is written or made here: no longer one this mount deleted."""
+        with self._dirs_lock:
+            self._gone.pop(path, None)
+
+    def _keep_parent(self, path: str) -> None:
+        """Keep the directory of a deleted name as if made here: the store shows no empty
+        directory, and ``rm -r`` removes the files and then the directory."""
+        parent = posixpath.dirname(path)
+        if parent != "/":
+            with self._dirs_lock:
+                self._made_dirs.add(parent)
 
     def _stat(self, attr: Attr) -> dict[str, Any]:
         return attr.to_stat(self._uid, self._gid, writable=not self.options.read_only)
@@ -171,7 +242,7 @@ class MountOperations:
                 raise FuseError(errno.ENOENT)
             handle = self.handles.get(fh.fh)
             if isinstance(handle, EntryHandle):
-                return self._stat(Attr(False, handle.entry.size(), handle.entry.mtime))
+                return self._stat(self._entry_attr(handle.entry))
             path = handle.path
         return self._stat(self._attr(path))
 
@@ -214,20 +285,25 @@ class MountOperations:
         if any(not row.get("pending") for row in rows):
             with self._dirs_lock:  # the store has objects here now: ask it from now on
                 self._fresh_dirs.discard(path)
-        for row in rows:
-            name = posixpath.basename(str(row["name"]).rstrip("/"))
-            if name and str(row["name"]).rstrip("/") != base:
-                children[self._child(path, name)] = attr_from_info(row)
+        with self._dirs_lock:
+            for row in rows:
+                name = posixpath.basename(str(row["name"]).rstrip("/"))
+                child = self._child(path, name)
+                if name and str(row["name"]).rstrip("/") != base and not self._is_gone(child):
+                    children[child] = attr_from_info(row)
         for entry in self.writables.under(path):
             rest = entry.path[len(path.rstrip("/")) + 1 :]
             if "/" not in rest:
-                children[entry.path] = Attr(False, entry.size(), entry.mtime)
+                children[entry.path] = self._entry_attr(entry)
         with self._dirs_lock:
             for made in self._made_dirs:
                 if posixpath.dirname(made) == path:
                     children[made] = DIRECTORY
         names = sorted(posixpath.basename(child) for child in children)
-        self.cache.put_listing(path, names, children)
+        # A listing has no object metadata (times and modes): on a read-write mount files
+        # are left for getattr to ask about.
+        known = {c: a for c, a in children.items() if a.is_dir or self.options.read_only}
+        self.cache.put_listing(path, names, known)
         return names
 
     @staticmethod
@@ -244,11 +320,9 @@ class MountOperations:
             if entry is not None:  # open for writing too: read what was written
                 fi.fh = self.handles.add(EntryHandle(entry, writable=False))
                 return 0
-            file = self.fs.open(self._full(path), "rb")
-            fi.fh = self.handles.add(ReadHandle(path, file))
-            fi.keep_cache = int(self.options.keep_cache)
-            if self.observer is not None:
-                self.observer.opened(path, int(getattr(file, "size", 0)))
+            handle, keep = self.readers.open(path, self._full(path))
+            fi.fh = self.handles.add(handle)
+            fi.keep_cache = int(keep)
             return 0
         self._writable()
         if self._attr(path).is_dir:
@@ -260,12 +334,19 @@ class MountOperations:
     def create(self, path: str, mode: int, fi: Any) -> int:
         self._writable()
         fi.direct_io = int(self.options.direct_io)
+        self._mark_made(path)
+        self.kept.removed(path)
         fi.fh = self._open_entry(path, truncate=True)
+        if mode & 0o7777 != DEFAULT_FILE_MODE:  # tar and cp make files with their own mode
+            self.kept.set(path, SetAttrs(mode=mode & 0o7777))
         self.cache.forget(path)
         return 0
 
     def _open_entry(self, path: str, truncate: bool) -> int:
         """Open ``path``'s writable file (shared with its other descriptors); a handle number."""
+        known, stored = self.cache.get(path)
+        if known and stored is not None and stored.mode is not None and not self.kept.get(path):
+            self.kept.set(path, SetAttrs(mode=stored.mode))  # a rewrite keeps the file's mode
         entry = self.writables.acquire(
             path,
             lambda: WritableFile(self.fs, path, self._full(path), lambda: self._object_size(path)),
@@ -299,6 +380,7 @@ class MountOperations:
         handle = self.handles.get(fi.fh)
         if not isinstance(handle, EntryHandle):
             raise FuseError(errno.EBADF)
+        self.kept.written(handle.path)
         return handle.write(data, offset)
 
     @answers_errno
@@ -308,8 +390,10 @@ class MountOperations:
             handle = self.handles.get(fh.fh) if fh is not None else None
             if not isinstance(handle, EntryHandle) or not handle.writable:
                 raise FuseError(errno.EBADF)
+            self.kept.written(handle.path)
             handle.entry.truncate(length)
             return 0
+        self.kept.written(path)
         entry = self.writables.current(path)
         if entry is not None and entry.opens > 0:
             entry.truncate(length)
@@ -376,7 +460,8 @@ class MountOperations:
             self.writables.finished(entry)
         self.cache.forget(entry.path)
         if size is not None:
-            self.cache.put(entry.path, Attr(False, size, time.time()))
+            self.cache.put(entry.path, Attr(False, size, time.time_ns()))
+        self.kept.schedule(entry.path)  # times and modes set while it was open
 
     # -- the namespace -----------------------------------------------------------------------
 
@@ -392,6 +477,9 @@ class MountOperations:
         except FileNotFoundError:
             if not open_here:  # a new file open here has no object yet
                 raise
+        self.kept.removed(path)
+        self._mark_gone(path)
+        self._keep_parent(path)
         self.cache.forget(path)
         self.cache.put(path, None)
         return 0
@@ -407,6 +495,7 @@ class MountOperations:
         else:
             raise FuseError(errno.EEXIST)
         # Object stores have no directories: the mount remembers it until a file lands in it.
+        self._mark_made(path)
         with self._dirs_lock:
             self._made_dirs.add(path)
             self._fresh_dirs.add(path)
@@ -426,6 +515,8 @@ class MountOperations:
         with self._dirs_lock:
             self._made_dirs.discard(path)
             self._fresh_dirs.discard(path)
+        self.kept.removed(path)
+        self._mark_gone(path)
         self.cache.forget(path)
         self.cache.put(path, None)
         return 0
@@ -434,19 +525,8 @@ class MountOperations:
     def rename(self, old: str, new: str) -> int:
         self._writable()
         if self._attr(old).is_dir:
-            self.cache.forget(old)
-            with self._dirs_lock:
-                made = old in self._made_dirs
-            if made and not self._list(old):  # an empty directory made here: nothing to move
-                with self._dirs_lock:
-                    for known in (self._made_dirs, self._fresh_dirs):
-                        if old in known:
-                            known.discard(old)
-                            known.add(new)
-                self.cache.forget(old)
-                self.cache.forget(new)
-                return 0
-            raise FuseError(errno.EXDEV)  # mv then copies the tree file by file
+            self._rename_dir(old, new)
+            return 0
         self.writables.detach(new)  # a file open under the new name is replaced
         entry = self._closed_by_all(old)
         if entry is not None:  # still open: publish what it holds now, and move it along
@@ -454,10 +534,57 @@ class MountOperations:
         self.fs.mv(self._full(old), self._full(new))
         if entry is not None:
             self.writables.move(entry, new, self._full(new))
+        self.kept.moved(old, new)
+        self._mark_made(new)
+        self._mark_gone(old)
+        self._keep_parent(old)
         for changed in (old, new):
             self.cache.forget(changed)
         self.cache.put(old, None)
         return 0
+
+    def _rename_dir(self, old: str, new: str) -> None:
+        """Rename a directory: its objects copied, then deleted (``moves``); EIO if that fails,
+        with nothing moved when a copy failed."""
+        if new == old or new.startswith(old.rstrip("/") + "/"):
+            raise FuseError(errno.EINVAL)
+        try:
+            target = self._attr(new)
+        except FuseError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+        else:
+            if not target.is_dir:
+                raise FuseError(errno.ENOTDIR)
+            self.cache.forget(new)
+            if self._list(new):
+                raise FuseError(errno.ENOTEMPTY)
+        for entry in self.writables.under(old):
+            if self._closed_by_all(entry.path) is not None:
+                raise FuseError(errno.EBUSY)  # a file under it is open for writing
+        names = objects_under(self.fs, self._full(old))
+        try:
+            move_tree(self.fs, self._full(old), self._full(new), names)
+        except TreeMoveError as exc:
+            raise FuseError(errno.EIO) from exc
+        moved = [self.root_relative(name) for name in names]
+        with self._dirs_lock:
+            for known in (self._made_dirs, self._fresh_dirs):
+                for made in [d for d in known if d == old or d.startswith(old + "/")]:
+                    known.discard(made)
+                    known.add(new + made[len(old) :])
+            self._made_dirs.add(new)  # shown even when it holds nothing
+        self._keep_parent(old)
+        self.kept.moved(old, new)
+        self._mark_made(new)
+        self._mark_gone(old, *moved)
+        for changed in (old, new, *moved):
+            self.cache.forget(changed)
+        self.cache.put(old, None)
+
+    def root_relative(self, full: str) -> str:
+        """The mount path of ``bucket/prefix/a/b``."""
+        return "/" + full[len(self.root) :].lstrip("/")
 
     def _closed_by_all(self, path: str) -> WritableFile | None:
         """The path's open file, after waiting for its release if every process closed it.
@@ -488,14 +615,19 @@ class MountOperations:
             "f_namemax": 1024,
         }
 
-    # Object stores keep no owners, modes or times: accept and ignore them (never touching
-    # the file's bytes) so cp -p, touch and tar work on a writable mount. The binding gives
-    # no path for a file unlinked while open.
+    # Owners are not kept (object stores have none): chown is accepted and ignored, so cp -p
+    # and tar work. Times and modes are kept as object metadata (``kept``). The binding gives
+    # no path for a file unlinked while open: nothing is kept for it.
     @answers_errno
     def chmod(self, path: str | None, mode: int) -> int:
         self._writable()
-        if path is not None:
-            self._attr(path)
+        if path is None:
+            return 0
+        attrs = SetAttrs(mode=mode & 0o7777)
+        if self._attr(path).is_dir:
+            self.kept.set_dir(path, attrs)
+        else:
+            self.kept.set(path, attrs)
         return 0
 
     @answers_errno
@@ -506,10 +638,16 @@ class MountOperations:
         return 0
 
     @answers_errno
-    def utimens(self, path: str | None, times: Any = None) -> int:
+    def utimens(self, path: str | None, times: tuple[int | None, int | None] | None = None) -> int:
+        """Set the mtime (``times``: atime and mtime in ns, None to leave one; no times: now)."""
         self._writable()
-        if path is not None:
-            self._attr(path)
+        mtime_ns = time.time_ns() if times is None else times[1]
+        if path is None or mtime_ns is None:
+            return 0
+        if self._attr(path).is_dir:
+            self.kept.set_dir(path, SetAttrs(mtime_ns=mtime_ns))
+        else:
+            self.kept.set(path, SetAttrs(mtime_ns=mtime_ns))
         return 0
 
     def destroy(self, path: str) -> None:
@@ -522,3 +660,4 @@ class MountOperations:
                     handle.close()
             except Exception:
                 log.exception("closing %s at unmount", handle.path)
+        self.kept.drain(ATTRS_DRAIN)

@@ -8,11 +8,18 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from tiercache.mount.binding import caller_pid, fuse_class
-from tiercache.mount.control import MountError, state_path
+from tiercache.mount.control import (
+    MountError,
+    RunningMount,
+    remove_record,
+    state_path,
+    write_record,
+)
 from tiercache.mount.operations import MountOperations, MountOptions
 from tiercache.mount.readahead import DirectoryReadAhead
 
@@ -58,10 +65,11 @@ def kernel_options(spec: MountSpec) -> dict[str, Any]:
 
 
 def operation_options(spec: MountSpec, consistency: str) -> MountOptions:
-    """Kernel page cache: kept across opens only when objects never change (immutable).
+    """Kernel page cache: always kept across opens when objects never change (immutable).
 
-    In the other modes the kernel drops a file's cached pages at each open (FUSE's default),
-    so a reader sees a replaced object the next time it opens it.
+    In the other modes an open keeps a file's cached pages only when the object is the version
+    opened last time (``handles.KeptPages``), so a reader sees a replaced object the next time
+    it opens it and reads an unchanged one from the kernel's pages.
     """
     return MountOptions(
         read_only=spec.read_only,
@@ -88,9 +96,13 @@ def serve(spec: MountSpec, fs: Any) -> None:
     stats_file = state_path(fs.config.local_dir, spec.mountpoint, "json")
     stop = threading.Event()
     writer = threading.Thread(
-        target=_write_stats, args=(fs, spec, stats_file, stop), name="mount-stats", daemon=True
+        target=_write_stats,
+        args=(fs, spec, stats_file, stop, operations.readers.counters),
+        name="mount-stats",
+        daemon=True,
     )
     writer.start()
+    record = _record_self(spec, fs)
     log.info("serving %s on %s (pid %d)", spec.url, spec.mountpoint, os.getpid())
     try:
         fuse(
@@ -106,6 +118,8 @@ def serve(spec: MountSpec, fs: Any) -> None:
     finally:
         stop.set()
         writer.join(5)
+        if record is not None:
+            remove_record(record)
         try:
             os.unlink(stats_file)
         except FileNotFoundError:
@@ -113,16 +127,46 @@ def serve(spec: MountSpec, fs: Any) -> None:
         log.info("unmounted %s; uploads still pending: %d", spec.mountpoint, len(fs.pending()))
 
 
-def _write_stats(fs: Any, spec: MountSpec, path: str, stop: threading.Event) -> None:
-    """Publish this process's counters for ``tiercache stats`` (temp file + rename)."""
+def _record_self(spec: MountSpec, fs: Any) -> str | None:
+    """Record this process and its tiers, for ``tiercache status``/``flush`` to find."""
+    shared = fs.config.shared_dir
+    mount = RunningMount(
+        mountpoint=spec.mountpoint,
+        url=spec.url,
+        read_only=spec.read_only,
+        pid=os.getpid(),
+        local_dir=os.path.realpath(fs.config.local_dir),
+        shared_dir=os.path.realpath(shared) if shared else None,
+    )
+    try:
+        return write_record(mount)
+    except OSError as exc:
+        log.warning("no mount record (tiercache status will not know this tier): %s", exc)
+        return None
+
+
+def _write_stats(
+    fs: Any,
+    spec: MountSpec,
+    path: str,
+    stop: threading.Event,
+    mount_counters: Callable[[], dict[str, int]],
+) -> None:
+    """Publish this process's counters for ``tiercache stats`` (temp file + rename).
+
+    The mount's own (its ranged reads) are added to the cache's.
+    """
     while not stop.wait(_STATS_SECONDS):
         try:
+            stats = fs.stats()
+            for name, value in mount_counters().items():
+                stats[name] = stats.get(name, 0) + value
             payload = {
                 "mountpoint": spec.mountpoint,
                 "url": spec.url,
                 "pid": os.getpid(),
                 "updated": time.time(),
-                "stats": fs.stats(),
+                "stats": stats,
             }
             tmp = f"{path}.{os.getpid()}.tmp"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -43,7 +43,7 @@ class WritableFile:
         self.unclosed = 0  # writable handles written to or opened since their last flush
         self.unlinked = False
         self.done = threading.Event()  # set once the last release has committed or discarded
-        self.mtime = time.time()
+        self.mtime_ns = time.time_ns()
         self._fs = fs
         self._size_of = size_of
         self._base: int | None = None  # the object's size when opened (None: not looked up)
@@ -233,7 +233,7 @@ class WritableFile:
         self._dirty = True
         self._synced = False
         self._killed = False
-        self.mtime = time.time()
+        self.mtime_ns = time.time_ns()
 
     def _sync(self) -> None:
         if self._staged is not None and not self._synced:

@@ -405,6 +405,32 @@ class S3Store(SendsParts):
             ),
         )
 
+    def user_metadata(self, bucket: str, key: str) -> tuple[ObjectInfo, dict[str, str]]:
+        """The object's info and its user metadata (``x-amz-meta-*``, without the prefix)."""
+        resp = self._call(
+            "HeadObject", bucket, key, lambda c: c.head_object(Bucket=bucket, Key=key)
+        )
+        return _info(bucket, key, resp["ContentLength"], resp), dict(resp.get("Metadata") or {})
+
+    def replace_metadata(
+        self, bucket: str, key: str, metadata: Mapping[str, str], if_match: str
+    ) -> None:
+        """Replace the user metadata of the object whose ETag is ``if_match`` (a CopyObject
+        onto itself; a changed object fails with a precondition error and keeps its own)."""
+        self._call(
+            "CopyObject",
+            bucket,
+            key,
+            lambda c: c.copy_object(
+                Bucket=bucket,
+                Key=key,
+                CopySource={"Bucket": bucket, "Key": key},
+                CopySourceIfMatch=if_match,
+                Metadata=dict(metadata),
+                MetadataDirective="REPLACE",
+            ),
+        )
+
     def create_bucket(self, bucket: str) -> None:
         self._call("CreateBucket", bucket, "", lambda c: c.create_bucket(Bucket=bucket))
 

@@ -1,0 +1,91 @@
+"""Reads through the mount: cold random reads fetch ranges, kept pages, the kernel read-ahead."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mount_helpers import Cli, mount_entry, requires_fuse
+
+from tiercache.mount.binding import READ_AHEAD_KB
+
+pytestmark = [pytest.mark.integration, requires_fuse]
+
+MiB = 1024 * 1024
+
+
+def _cached(cli: Cli, url: str) -> bool:
+    (entry,) = cli.json("ls", url)
+    return bool(entry["cached"])
+
+
+def _mount_counters(cli: Cli, mnt: Path, least_read: int) -> dict[str, Any]:
+    """The mount's counters once they show at least ``least_read`` bytes read (published ~1/s)."""
+    deadline = time.monotonic() + 20
+    while True:
+        entry = mount_entry(cli.json("stats"), mnt)
+        counters = entry["stats"] if entry else None
+        if counters and counters["bytes_read"] >= least_read:
+            return dict(counters)
+        assert time.monotonic() < deadline, counters
+        time.sleep(0.2)
+
+
+def test_random_reads_of_a_cold_object_fetch_ranges_and_a_sequential_one_caches_it(
+    bucket: str, s3_client: Any, cli: Cli, mount: Callable[..., Path]
+) -> None:
+    body = os.urandom(16 * MiB)
+    s3_client.put_object(Bucket=bucket, Key="r/big.bin", Body=body)
+    s3_client.put_object(Bucket=bucket, Key="r/seq.bin", Body=body[: 4 * MiB])
+    s3_client.put_object(Bucket=bucket, Key="r/small.bin", Body=body[:5000])
+    mnt = mount(f"s3://{bucket}/r", "--read-only")
+    picks = random.Random(7)
+    with open(mnt / "big.bin", "rb", buffering=0) as f:
+        for _ in range(20):
+            offset = picks.randrange(MiB, len(body) - 4096) & ~4095
+            assert os.pread(f.fileno(), 4096, offset) == body[offset : offset + 4096]
+    counters = _mount_counters(cli, mnt, 20 * 4096)
+    # Twenty 4 KiB reads moved their ranges, not the 16 MiB object.
+    assert counters["bytes_fetched"] < 2 * MiB, counters
+    assert not _cached(cli, f"s3://{bucket}/r/big.bin")
+
+    assert (mnt / "seq.bin").read_bytes() == body[: 4 * MiB]  # sequential: fetched whole
+    assert (mnt / "small.bin").read_bytes() == body[:5000]  # one read takes it all
+    assert _cached(cli, f"s3://{bucket}/r/seq.bin")
+    assert _cached(cli, f"s3://{bucket}/r/small.bin")
+
+
+def test_an_unchanged_file_is_read_again_from_the_kernels_pages(
+    bucket: str, s3_client: Any, cli: Cli, mount: Callable[..., Path]
+) -> None:
+    body = os.urandom(2 * MiB)
+    s3_client.put_object(Bucket=bucket, Key="k/a.bin", Body=body)
+    mnt = mount(f"s3://{bucket}/k")  # read-write, consistency ttl: pages kept only if unchanged
+    assert (mnt / "a.bin").read_bytes() == body
+    first = _mount_counters(cli, mnt, len(body))["bytes_read"]
+    assert (mnt / "a.bin").read_bytes() == body
+    time.sleep(2.5)  # two publications of the counters
+    assert _mount_counters(cli, mnt, first)["bytes_read"] == first  # no read reached the mount
+
+    changed = os.urandom(2 * MiB)
+    (mnt / "a.bin").write_bytes(changed)  # a new version: its pages are not the old ones
+    assert (mnt / "a.bin").read_bytes() == changed
+
+
+def test_the_mount_raises_the_kernels_read_ahead(
+    bucket: str, cli: Cli, mount: Callable[..., Path]
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only root may set a mount's read-ahead (/sys/class/bdi is root's)")
+    mnt = mount(f"s3://{bucket}", "--read-only")
+    device = os.stat(mnt).st_dev
+    knob = Path(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb")
+    deadline = time.monotonic() + 10
+    while int(knob.read_text()) != READ_AHEAD_KB:  # set just after the mount comes up
+        assert time.monotonic() < deadline, knob.read_text()
+        time.sleep(0.1)
