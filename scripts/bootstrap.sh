@@ -22,6 +22,13 @@ if ! command -v fusermount3 >/dev/null 2>&1 || ! ldconfig -p 2>/dev/null | grep 
     echo "bootstrap: fuse3 is missing (apt-get install fuse3); mount tests will skip" >&2
   fi
 fi
+# The mount benchmark compares with fio (psync); rsync is one of the tools the mount tests run.
+for tool in fio rsync; do
+  if ! command -v "$tool" >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$tool"; } \
+      >/dev/null 2>&1 || echo "bootstrap: could not install $tool" >&2
+  fi
+done
 # The PyTorch adapters' tests need torch. PyPI's default Linux build drags in gigabytes of
 # CUDA libraries, so only a CPU wheel found locally is installed; without one those tests
 # are skipped, and say so.
