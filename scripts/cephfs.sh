@@ -22,6 +22,8 @@
 # block the other client until its session is evicted (crash does that) or times out.
 # Use the cluster: export CEPH_CONF=$CEPHFS_DIR/state/ceph.conf; ceph -s
 set -euo pipefail
+# shellcheck source=ceph-global.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/ceph-global.sh"
 BASE=${CEPHFS_DIR:-/tmp/tiercache-cephfs}
 D=$BASE/state
 V2=${MON_V2_PORT:-13330}; V1=${MON_V1_PORT:-16830}
@@ -160,36 +162,10 @@ do_start() {
   printf '%s\n%s\n' "$(realpath "$A")" "$(realpath "$B")" > "$D/mounts"
   local FSID T0 T1 T2 T3 T4 T5 K OSD_UUID ID
   FSID=$(uuidgen); T0=$(ts)
-  cat > "$D/ceph.conf" <<C
-[global]
-fsid = $FSID
-mon_host = [v2:127.0.0.1:$V2,v1:127.0.0.1:$V1]
-public_network = 127.0.0.0/8
-ms_bind_ipv6 = false
-# OSD, MDS and mgr stay in 6800-7300: other clusters on this machine use ports above 7400
-ms_bind_port_min = 6800
-ms_bind_port_max = 7300
-mon_warn_on_insecure_global_id_reclaim_allowed = false
-run_dir = $D/run
-admin_socket = $D/run/\$name.asok
-pid_file = $D/run/\$name.pid
-log_file = $D/log/\$name.log
-keyring = $D/keyring
-osd_pool_default_size = 1
-osd_pool_default_min_size = 1
-mon_allow_pool_size_one = true
-mon_warn_on_pool_no_redundancy = false
+  {
+    ceph_global_conf "$D" "$FSID" "$V2" "$V1" 6800 7300 "$MEMSTORE_BYTES"
+    cat <<C
 mon_data_avail_warn = 5
-osd_crush_chooseleaf_type = 0
-osd_pool_default_pg_autoscale_mode = off
-osd_pool_default_pg_num = 8
-osd_pool_default_pgp_num = 8
-mon_max_pg_per_osd = 1000
-osd_objectstore = memstore
-memstore_device_bytes = $MEMSTORE_BYTES
-osd_memory_target = 1073741824
-osd_op_num_shards = 2
-osd_op_num_threads_per_shard = 1
 mds_cache_memory_limit = 268435456
 # with early replies the MDS journals a metadata update only on its 5 s tick, and another
 # client waiting for that dentry/inode lock stalls up to 5 s (e.g. rename-over-file seen by a reader)
@@ -211,6 +187,7 @@ fuse_disable_pagecache = $DISABLE_PC
 # quotas (ceph.quota.max_bytes) are enforced by the client
 client_quota = true
 C
+  } > "$D/ceph.conf"
   K="$D/keyring"
   ceph-authtool --create-keyring "$K" --gen-key -n mon. --cap mon 'allow *' >/dev/null
   ceph-authtool "$K" --gen-key -n client.admin --cap mon 'allow *' --cap osd 'allow *' --cap mgr 'allow *' --cap mds 'allow *' >/dev/null

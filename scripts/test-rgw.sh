@@ -27,6 +27,8 @@
 # and reach pytest and the demo through the environment only. TIERCACHE_RGW_KEEP=1 keeps the
 # Ceph directory (logs) after a failure.
 set -euo pipefail
+# shellcheck source=ceph-global.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/ceph-global.sh"
 cd "$(dirname "$0")/.."
 
 RGW_PORT=${TIERCACHE_RGW_PORT:-17590}
@@ -110,34 +112,9 @@ wait_for() {  # wait_for SECONDS WHAT COMMAND...: polls COMMAND every 0.5 s
 
 write_conf() {
   local dir=$1 fsid=$2
-  cat >"$dir/ceph.conf" <<CONF
-[global]
-fsid = $fsid
-mon_host = [v2:127.0.0.1:$MON_V2,v1:127.0.0.1:$MON_V1]
-public_network = 127.0.0.0/8
-ms_bind_ipv6 = false
-ms_bind_port_min = 7400
-ms_bind_port_max = 7600
-mon_warn_on_insecure_global_id_reclaim_allowed = false
-run_dir = $dir/run
-admin_socket = $dir/run/\$name.asok
-pid_file = $dir/run/\$name.pid
-log_file = $dir/log/\$name.log
-keyring = $dir/keyring
-osd_pool_default_size = 1
-osd_pool_default_min_size = 1
-mon_allow_pool_size_one = true
-mon_warn_on_pool_no_redundancy = false
-osd_crush_chooseleaf_type = 0
-osd_pool_default_pg_autoscale_mode = off
-osd_pool_default_pg_num = 8
-osd_pool_default_pgp_num = 8
-mon_max_pg_per_osd = 1000
-osd_objectstore = memstore
-memstore_device_bytes = 4294967296
-osd_memory_target = 1073741824
-osd_op_num_shards = 2
-osd_op_num_threads_per_shard = 1
+  {
+    ceph_global_conf "$dir" "$fsid" "$MON_V2" "$MON_V1" 7400 7600 4294967296
+    cat <<CONF
 [mon.a]
 mon_data = $dir/mon.a
 [osd.0]
@@ -150,6 +127,7 @@ rgw_thread_pool_size = 64
 rgw_gc_obj_min_wait = 30
 rgw_gc_processor_period = 30
 CONF
+  } >"$dir/ceph.conf"
 }
 
 # One attempt in a fresh directory; the daemons run in the foreground as children of this shell.

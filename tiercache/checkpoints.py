@@ -21,7 +21,9 @@ import secrets
 import socket
 import time
 
+from tiercache.processes import is_alive, start_ticks
 from tiercache.tiers.entry import EntryMeta, read_small_file, write_atomically
+from tiercache.tiers.local import fsync_dir
 
 
 def _source(bucket: str, directory: str) -> str:
@@ -95,11 +97,11 @@ class CommitHolds:
             "token": token,
             "host": socket.gethostname(),
             "pid": pid,
-            "started": _start_ticks(pid),
+            "started": start_ticks(pid),
             "held_at": time.time(),
         }
         write_atomically(self._path(bucket, directory), json.dumps(row).encode(), self._file_mode)
-        _fsync_dir(self.dir)  # the hold is on disk before the marker it holds can be
+        fsync_dir(self.dir)  # the hold is on disk before the marker it holds can be
         return token
 
     def release(self, bucket: str, directory: str, token: str | None) -> bool:
@@ -125,7 +127,7 @@ class CommitHolds:
         if row is None or row.get("host") != socket.gethostname():
             return None
         pid, started = row.get("pid"), row.get("started")
-        if not isinstance(pid, int) or _alive(pid, started):
+        if not isinstance(pid, int) or is_alive(pid, started):
             return None
         return pid
 
@@ -138,43 +140,3 @@ class CommitHolds:
         except ValueError:
             return None
         return row if isinstance(row, dict) else None
-
-
-def _proc_stat(pid: int) -> list[str] | None:
-    """The fields of ``/proc/PID/stat`` after the command name (state first), or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    return text.rpartition(")")[2].split()
-
-
-def _start_ticks(pid: int) -> int | None:
-    """When the process started (clock ticks since boot): tells a reused pid apart."""
-    fields = _proc_stat(pid)
-    return int(fields[19]) if fields is not None and len(fields) > 19 else None
-
-
-def _alive(pid: int, started: object) -> bool:
-    """Is the process that held this pid (and started then) still running?"""
-    if os.path.isdir("/proc/self"):
-        fields = _proc_stat(pid)
-        if fields is None or fields[0] in ("Z", "X"):  # gone, or a zombie nobody reaped
-            return False
-        return started is None or _start_ticks(pid) == started
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -8,6 +8,8 @@ process that exits normally (``exit(n)``, end of ``main``) has a zero signal the
 
 from __future__ import annotations
 
+from tiercache.processes import proc_stat
+
 _PF_EXITING = 0x4  # include/linux/sched.h
 _FLAGS = 6  # field 9 of /proc/PID/stat, counted from the state (field 3)
 _EXIT_CODE = 49  # field 52
@@ -16,14 +18,13 @@ _EXIT_CODE = 49  # field 52
 def closing_state(pid: int) -> tuple[bool, bool]:
     """(exiting, killed): whether ``pid`` closes its descriptors because it is exiting, and
     whether a signal killed it. (False, False) when unsure (gone already, no such field)."""
-    if pid <= 0:
-        return False, False
+    fields = proc_stat(pid) if pid > 0 else None
+    if fields is None:
+        return False, False  # gone already
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
         flags, exit_code = int(fields[_FLAGS]), int(fields[_EXIT_CODE])
-    except (OSError, IndexError, ValueError):
-        return False, False
+    except (IndexError, ValueError):
+        return False, False  # a kernel without the field
     exiting = bool(flags & _PF_EXITING)
     return exiting, exiting and exit_code & 0x7F != 0
 

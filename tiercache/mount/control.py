@@ -15,6 +15,7 @@ from typing import Any
 
 from tiercache.errors import TierCacheError
 from tiercache.mount.library import fusermount_path
+from tiercache.processes import is_alive
 
 FSTYPE = "fuse.tiercache"
 READY_TIMEOUT = 30.0
@@ -166,16 +167,6 @@ def remove_record(path: str) -> None:
         pass
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _read_record(mountpoint: str, directory: str) -> dict[str, Any] | None:
     try:
         with open(_record_path(mountpoint, directory), encoding="utf-8") as f:
@@ -185,7 +176,7 @@ def _read_record(mountpoint: str, directory: str) -> dict[str, Any] | None:
     if not isinstance(data, dict) or data.get("mountpoint") != mountpoint:
         return None
     pid = data.get("pid")
-    return data if isinstance(pid, int) and _alive(pid) else None
+    return data if isinstance(pid, int) and is_alive(pid) else None
 
 
 def running_mounts(
