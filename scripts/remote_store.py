@@ -38,7 +38,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -159,9 +159,11 @@ def _relay(
     headers: dict[str, str],
     pacer: _Pacer,
     to_eof: bool,
+    sent_bytes: Callable[[int], None] | None = None,
 ) -> int:
     """Copy a body (chunked, Content-Length, else to EOF when ``to_eof``) to ``dst`` (None:
-    drop it); return its size."""
+    drop it); return its size. ``sent_bytes`` is told of each piece as it goes (a body the
+    client stops reading half way counts what it was sent)."""
     buf = memoryview(bytearray(PIECE))
     send = dst.sendall if dst is not None else _drop
 
@@ -175,6 +177,8 @@ def _relay(
                 break
             pacer.pace(n)
             send(buf[:n])
+            if sent_bytes is not None:
+                sent_bytes(n)
             sent += n
             left -= n if left > 0 else 0
         return sent
@@ -385,6 +389,10 @@ class RemoteStore(ConnectionServer):
             self.errors += fail
         return fail
 
+    def _count_down(self, sent: int) -> None:
+        with self._lock:
+            self.bytes_down += sent
+
     def _count(self, up: int = 0, down: int = 0) -> None:
         with self._lock:
             self.bytes_up += up
@@ -426,7 +434,7 @@ class RemoteStore(ConnectionServer):
                 expect = False
         sock.sendall(resp_head)
         if method != "HEAD" and status not in (204, 304):
-            self._count(down=_relay(ufile, sock, resp_headers, down, to_eof=True))
+            _relay(ufile, sock, resp_headers, down, to_eof=True, sent_bytes=self._count_down)
         close = resp_headers.get("connection", "").lower() == "close" or (
             "content-length" not in resp_headers
             and "chunked" not in resp_headers.get("transfer-encoding", "").lower()

@@ -19,8 +19,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tiercache.fetch import BlockModeRequiredError, Fetch
 from tiercache.read_path import OpenedObject
 from tiercache.seek import SeekableReader
+from tiercache.store.base import ObjectInfo
 from tiercache.verify import DigestCheck
 
 _MAX_PREAD = 1 << 30  # pread moves at most ~2 GiB per call on Linux; stay well below
@@ -223,4 +225,111 @@ class CachedFile(SeekableReader):
             os.close(self._fd)  # also releases the shared lock that guards against eviction
             if self._direct is not None:
                 self._direct.close()
+        super().close()
+
+
+class RangeFirstFile(SeekableReader):
+    """A cold object whose fetch waits after its first part: the first reads decide the rest.
+
+    Reads within the first part are served from it while nothing is decided. A read in order
+    from the start that goes on (``SEQUENTIAL_READS`` in a row, or past the first part) has
+    the object fetched whole, read as it arrives. A read away from the start (a footer, an
+    index) stops the fetch and turns the object into a block entry: only the blocks read are
+    fetched (and the rest in the background once ``whole_object_after`` of them were read).
+    """
+
+    SEQUENTIAL_READS = 2
+
+    def __init__(
+        self,
+        whole: CachedFile,
+        fetch: Fetch,
+        open_blocks: Callable[[ObjectInfo], SeekableReader],
+    ) -> None:
+        super().__init__()
+        self.path = self.name = whole.path
+        self.mode = "rb"
+        self.size = whole.size
+        self.etag = whole.etag
+        self._whole = whole
+        self._fetch = fetch
+        self._open_blocks = open_blocks
+        self._front = fetch.first_part_end()
+        self._decided: SeekableReader | None = None
+        self._pos = 0
+        self._next = 0  # where a reader in order reads next
+        self._in_a_row = 0
+
+    def __repr__(self) -> str:
+        return f"<RangeFirstFile {self.path!r} size={self.size} pos={self._pos}>"
+
+    def info(self) -> dict[str, Any]:
+        return self._whole.info()
+
+    def fetch_whole(self) -> None:
+        """The caller reads the object through: fetch it whole whatever the first reads."""
+        if self._decided is None:
+            self._decide(whole=True)
+
+    def _reader(self, size: int) -> SeekableReader:
+        """The file object that serves a read of ``size`` bytes (-1: all) from the position."""
+        if self._decided is None:
+            end = self.size if size < 0 else min(self.size, self._pos + size)
+            in_order = self._pos == self._next
+            self._in_a_row = self._in_a_row + 1 if in_order else 1
+            if end > self._front or (in_order and self._in_a_row >= self.SEQUENTIAL_READS):
+                self._decide(whole=in_order)
+        reader = self._decided or self._whole
+        reader.seek(self._pos)
+        return reader
+
+    def _decide(self, whole: bool) -> None:
+        if self._fetch.decide(whole):
+            self._decided = self._whole
+            return
+        self._whole.close()
+        try:
+            self._fetch.wait_finished()  # stops at its next chunk, releasing the entry lock
+        except BlockModeRequiredError:
+            pass
+        assert self._fetch.info is not None
+        self._decided = self._open_blocks(self._fetch.info)
+
+    def _moved(self, reader: SeekableReader) -> None:
+        self._pos = reader.tell()
+        self._next = self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        self._checkClosed()
+        size = len(memoryview(buffer).cast("B"))
+        return int(self._serve(size, lambda reader: reader.readinto(buffer) or 0))
+
+    def read(self, size: int | None = -1) -> bytes:
+        self._checkClosed()
+        count = -1 if size is None else size
+        return bytes(self._serve(count, lambda reader: reader.read(count)))
+
+    def _serve(self, size: int, read: Callable[[SeekableReader], Any]) -> Any:
+        reader = self._reader(size)
+        try:
+            result = read(reader)
+        except BlockModeRequiredError:  # another reader of this fetch chose blocks
+            if self._decided is not None:
+                raise
+            self._decide(whole=False)
+            reader = self._reader(size)
+            result = read(reader)
+        self._moved(reader)
+        return result
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def close(self) -> None:
+        if not self.closed:
+            if self._decided is None:
+                self._fetch.decide(True)  # opened, never read away from the start: keep it
+            self._whole.close()
+            if self._decided is not None:
+                self._decided.close()
         super().close()

@@ -144,6 +144,11 @@ class TierCacheConfig:
             readers touch them (random reads of a huge object fetch only what they read);
             None: every object is fetched whole.
         block_size: bytes per block of a block-granular entry (one ranged GET each).
+        range_first_above: a reader's cold open of an object of at least this many bytes
+            fetches only the object's first ``range_size`` until the reader shows how it reads:
+            a read away from the start (a footer, an index) turns the object into a block
+            entry, so that only the blocks read are fetched; a sequential reader fetches it
+            whole. None: every cold open fetches the whole object.
         whole_object_after: fraction of a block-granular object's blocks read after which
             the rest is fetched in the background (1.0: only what is read).
         readahead_blocks: blocks fetched ahead of a sequential reader of a block entry.
@@ -188,6 +193,7 @@ class TierCacheConfig:
     min_free_bytes: int = 0
     block_threshold: int | None = 1 * GiB
     block_size: int = 4 * MiB
+    range_first_above: int | None = 16 * MiB
     whole_object_after: float = 0.5
     readahead_blocks: int = 4
     prefetch_workers: int = 4
@@ -268,6 +274,8 @@ class TierCacheConfig:
         if self.block_threshold is not None:
             _require_int("block_threshold", self.block_threshold, minimum=1)
         _require_int("block_size", self.block_size, minimum=64 * KiB, maximum=1 * GiB)
+        if self.range_first_above is not None:
+            _require_int("range_first_above", self.range_first_above, minimum=1)
         _require_number("whole_object_after", self.whole_object_after, minimum=0.0)
         if not 0.0 < self.whole_object_after <= 1.0:
             raise ConfigError(
@@ -328,7 +336,8 @@ class TierCacheConfig:
         values: dict[str, Any] = {}
         for field in dataclasses.fields(cls):
             env_name = "TIERCACHE_" + field.name.upper()
-            if field.name in options and options[field.name] is not None:
+            given = options.get(field.name)
+            if field.name in options and (given is not None or field.name in OFF_WITH_NONE):
                 values[field.name] = _coerce(field.name, options[field.name])
             elif env_name in environ:
                 values[field.name] = _coerce(field.name, environ[env_name], source=env_name)
@@ -439,6 +448,7 @@ OPTION_KINDS: Mapping[str, OptionKind] = MappingProxyType(
         "min_free_bytes": "size",
         "block_threshold": "size",
         "block_size": "size",
+        "range_first_above": "size",
         "whole_object_after": "float",
         "readahead_blocks": "int",
         "prefetch_workers": "int",
@@ -462,11 +472,20 @@ def _check_option_kinds() -> None:
 _check_option_kinds()
 
 
+# Options that None turns off (their default is not None): given as None, or as "none" or
+# "off" from the environment or a config file.
+OFF_WITH_NONE = frozenset({"block_threshold", "range_first_above"})
+
+
 def _coerce(name: str, value: Any, source: str | None = None) -> Any:
     """Turn strings from the environment, the config file or flags into the field's type;
     ``__post_init__`` then checks the range."""
     label = f"{name} ({source})" if source else name
     kind = OPTION_KINDS[name]
+    if name in OFF_WITH_NONE and (
+        value is None or (isinstance(value, str) and value.strip().lower() in ("none", "off"))
+    ):
+        return None
     if kind == "size":
         return parse_size(value, label)
     if kind == "path":

@@ -39,6 +39,8 @@ from tiercache.verify import Identity, identity
 # copy they save; larger ones would hold too much memory per open file.
 _HANDOFF_MIN = 512 * 1024
 _HANDOFF_MAX = 16 * 1024 * 1024
+# Seconds a range-first fetch waits for its reader's first read before fetching the rest.
+_DECIDE_WITHIN = 2.0
 
 
 class BlockModeRequiredError(Exception):
@@ -72,6 +74,9 @@ class FetchRequest:
     after_publish: Callable[[CachedEntry], None] | None = None
     # Objects of at least this size are not fetched whole (see ``BlockModeRequiredError``).
     block_threshold: int | None = None
+    # Objects of at least this size wait after their first part for the reader's first reads
+    # (see ``Fetch.reader_reads``): a reader away from the start has them read by blocks.
+    range_first_above: int | None = None
     # Learns how many of ``concurrency`` streams the link pays for (None: use them all).
     governor: StreamGovernor | None = None
 
@@ -115,6 +120,9 @@ class Fetch:
         self.identity: Identity | None = None
         self.error: BaseException | None = None
         self.finished = False
+        # Range-first (see ``reader_reads``): None while undecided, then True (fetch it
+        # whole) or False (stop: the object is read by blocks).
+        self._whole: bool | None = None
 
     def start(self) -> None:
         name = f"tiercache-fetch-{self.request.entry_id[:8]}"
@@ -179,6 +187,43 @@ class Fetch:
         """The reader closed: read any size again and drop the chunks kept for it."""
         self.expect_read(0, 0)
 
+    @property
+    def range_first(self) -> bool:
+        """Whether this fetch waits for its reader's first reads before fetching the rest."""
+        threshold = self.request.range_first_above
+        info = self.info
+        return (
+            threshold is not None
+            and info is not None
+            and info.size >= threshold
+            and info.size > self.request.part_size
+        )
+
+    def first_part_end(self) -> int:
+        assert self.info is not None
+        return min(self.request.part_size, self.info.size)
+
+    def decide(self, whole: bool) -> bool:
+        """Fetch the object whole (True) or stop after the first part (False), unless that
+        was decided already; returns what stands."""
+        with self._cond:
+            if self._whole is None:
+                self._whole = whole
+                self._cond.notify_all()
+            return self._whole
+
+    def _hesitate(self, info: ObjectInfo) -> None:
+        """Between the first part and the rest: wait for the reader's decision (see
+        ``reader_reads``); a reader that reads nothing for a while gets the whole object."""
+        threshold = self.request.range_first_above
+        if threshold is None or info.size < threshold:
+            return
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._whole is not None, _DECIDE_WITHIN):
+                self._whole = True
+        if not self._whole:
+            raise BlockModeRequiredError(info)
+
     # -- the download's side (RangeSink) -----------------------------------------------------
 
     def next_read(self, offset: int) -> int:
@@ -201,6 +246,9 @@ class Fetch:
             self._cond.notify_all()
 
     def write(self, offset: int, data: memoryview | bytes) -> None:
+        if self._whole is False:  # the reader went to blocks: the first part is not needed
+            assert self.info is not None
+            raise BlockModeRequiredError(self.info)
         written = os.pwrite(self._fd, data, offset)
         if written != len(data):
             raise OSError(f"short write to {self._paths}: {written} of {len(data)} bytes")
@@ -294,6 +342,8 @@ class Fetch:
                 concurrency=req.concurrency,
                 retry=self._retry,
                 governor=req.governor,
+                hesitate=self._hesitate if req.range_first_above is not None else None,
+                hesitate_above=req.range_first_above or 0,
             )
             with self._cond:
                 arrived = self._extents.prefix_end()

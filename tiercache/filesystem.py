@@ -26,7 +26,7 @@ from fsspec.utils import stringify_path
 
 from tiercache.async_face import ASYNC_THREADS, AsyncFace
 from tiercache.block_file import BlockFile
-from tiercache.cached_file import CachedFile
+from tiercache.cached_file import CachedFile, RangeFirstFile
 from tiercache.config import TierCacheConfig
 from tiercache.direct_file import DirectFile
 from tiercache.errors import ConfigError, ObjectNotFoundError, TierFullError
@@ -46,6 +46,7 @@ from tiercache.runtime import runtime_for
 from tiercache.store.base import ObjectInfo, ObjectStore
 from tiercache.store.retry import RetryPolicy
 from tiercache.store.s3_options import STORE_OPTION_NAMES, S3Options
+from tiercache.tiers.blocks import BlockEntry
 from tiercache.tiers.entry import CachedEntry
 from tiercache.tiers.local import EvictionReport, LocalTier
 from tiercache.write.keys import check_writable_key
@@ -188,7 +189,7 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         autocommit: bool = True,
         cache_options: dict[str, Any] | None = None,
         **kwargs: Any,
-    ) -> CachedFile | BlockFile | DirectFile | StagedWriteFile:
+    ) -> CachedFile | BlockFile | DirectFile | RangeFirstFile | StagedWriteFile:
         bucket, key = self.split_path(path)
         if not key:
             raise IsADirectoryError(21, "a bucket is not a file", path)
@@ -213,22 +214,34 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
                     return None
                 return self._direct_file(bucket, key)
 
-            if opened.blocks is not None:
+            def block_file(blocks: BlockEntry) -> BlockFile:
                 return BlockFile(
                     f"{bucket}/{key}",
-                    opened.blocks,
+                    blocks,
                     self.read_path.block_source(bucket, key),
                     self.read_path.blocks,
                     self._count_read,
                     verify=self.config.verify == "always",
                 )
-            return CachedFile(
+
+            if opened.blocks is not None:
+                return block_file(opened.blocks)
+            whole = CachedFile(
                 f"{bucket}/{key}",
                 opened,
                 self._count_read,
                 on_tier_full=fall_back,
                 on_wait=self._count_wait,
             )
+            if opened.fetch is None or not opened.fetch.range_first:
+                return whole
+
+            def by_blocks(info: ObjectInfo) -> BlockFile:
+                blocks = self.read_path.open_blocks(info).blocks
+                assert blocks is not None
+                return block_file(blocks)
+
+            return RangeFirstFile(whole, opened.fetch, by_blocks)
         if mode in ("wb", "xb"):
             check_writable_key(path, key)
             if mode == "xb" and self._exists_now(bucket, key):

@@ -116,7 +116,8 @@ class ReadPath:
         opened = self._open_hit(self._tier, bucket, key)
         if opened is None and self._shared is not None:
             opened = self._open_shared(self._shared, bucket, key)
-        if opened is None and self._config.block_threshold is not None:
+        by_blocks = (self._config.block_threshold, self._config.range_first_above)
+        if opened is None and by_blocks != (None, None):
             opened = self._open_cached_blocks(bucket, key)
         return opened or self._open_through_fetch(bucket, key)
 
@@ -142,9 +143,9 @@ class ReadPath:
                 self._tier.invalidate(entry_id, self._config.lock_timeout)
                 return None
         self._stats.add("hits")
-        return self._open_blocks(ObjectInfo(bucket, key, meta.size, meta.etag, meta.last_modified))
+        return self.open_blocks(ObjectInfo(bucket, key, meta.size, meta.etag, meta.last_modified))
 
-    def _open_blocks(self, info: ObjectInfo) -> OpenedObject:
+    def open_blocks(self, info: ObjectInfo) -> OpenedObject:
         entry = BlockEntry.open(
             self._tier,
             self.entry_id(info.bucket, info.key),
@@ -347,15 +348,18 @@ class ReadPath:
         try:
             fetch.wait_started()
         except BlockModeRequiredError as big:
-            return self._open_blocks(big.info)
+            return self.open_blocks(big.info)
         except OSError as exc:
             raise self.tier_full_error(exc, bucket, key) or exc from exc
-        if fetch.info is None:  # satisfied by an entry another process published
-            return self._open_published(fetch, by_blocks, again)
         try:
-            fd = os.open(fetch.part_path(), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:  # being published: the part file became the data file
-            return self._open_published(fetch, by_blocks, again)
+            if fetch.info is None:  # satisfied by an entry another process published
+                return self._open_published(fetch, by_blocks, again)
+            try:
+                fd = os.open(fetch.part_path(), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except FileNotFoundError:  # published, or stopped for blocks (range-first)
+                return self._open_published(fetch, by_blocks, again)
+        except BlockModeRequiredError as stopped:
+            return self.open_blocks(stopped.info)
         fcntl.flock(fd, fcntl.LOCK_SH)
         return OpenedObject(fd, fetch.info.size, fetch.info.etag, fetch)
 
@@ -408,6 +412,8 @@ class ReadPath:
             running = self._flights.get(entry_id)
             if running is not None and not running.finished:
                 self._stats.add("fetches_joined")
+                if not by_blocks:
+                    running.decide(True)  # a prefetch wants it whole, whatever a reader read
                 return running
             request = FetchRequest(
                 bucket=bucket,
@@ -425,6 +431,7 @@ class ReadPath:
                 ),
                 after_publish=self._promoter() if promote else None,
                 block_threshold=self._config.block_threshold if by_blocks else None,
+                range_first_above=self._config.range_first_above if by_blocks else None,
             )
             fetch = Fetch(
                 request, self._fill_tier, self._store, self._retry, self._stats, self._landed

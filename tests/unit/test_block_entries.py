@@ -89,6 +89,25 @@ def test_reading_past_the_threshold_completes_the_object(tmp_path: Path) -> None
     assert fs.stats()["bytes_fetched"] < SIZE + BLOCK * 8  # each block about once
 
 
+def test_a_reader_open_while_its_entry_completes_reads_on(tmp_path: Path) -> None:
+    """The background completion publishes the file whole and removes the block log under a
+    reader that still has the block entry open: its next reads are served all the same."""
+    store = MemoryStore(["b"])
+    data = _huge(store)
+    for verify in ("reboot", "first", "always"):
+        fs = _fs(tmp_path / verify, store, whole_object_after=0.25, verify=verify)
+        with fs.open("b/huge.bin") as f:
+            assert f.read(SIZE // 4) == data[: SIZE // 4]
+            deadline = time.monotonic() + 30
+            while not fs.is_cached("b/huge.bin"):
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            for offset in (SIZE // 2, SIZE - 100, SIZE // 4 + 1):
+                f.seek(offset)
+                assert f.read(4 * KiB) == data[offset : offset + 4 * KiB], (verify, offset)
+        assert fs.stats()["block_errors"] == 0
+
+
 def test_sequential_reader_gets_every_byte(tmp_path: Path) -> None:
     store = MemoryStore(["b"])
     data = _huge(store)

@@ -57,6 +57,7 @@ VALID: dict[str, tuple[str, Any]] = {
     "min_free_bytes": ("20GiB", 20 * GiB),
     "block_threshold": ("2GiB", 2 * GiB),
     "block_size": ("8MiB", 8 * MiB),
+    "range_first_above": ("32MiB", 32 * MiB),
     "whole_object_after": ("0.25", 0.25),
     "readahead_blocks": ("16", 16),
     "prefetch_workers": ("8", 8),
@@ -100,6 +101,7 @@ INVALID: dict[str, str] = {
     "min_free_bytes": "some",
     "block_threshold": "1.5.0GiB",
     "block_size": "big",
+    "range_first_above": "lots",
     "whole_object_after": "half",
     "readahead_blocks": "4 blocks",
     "prefetch_workers": "0x8",
@@ -243,3 +245,12 @@ def test_sizes_beyond_float_precision_stay_exact() -> None:
 def test_environment_errors_name_the_variable_too() -> None:
     with pytest.raises(ConfigError, match=r"shared_max_bytes \(TIERCACHE_SHARED_MAX_BYTES\)"):
         _from_environment("shared_max_bytes", "lots")
+
+
+@pytest.mark.parametrize("name", sorted(config_module.OFF_WITH_NONE))
+def test_none_turns_off_what_defaults_to_on(name: str) -> None:
+    assert getattr(TierCacheConfig.from_options({}, environ={}), name) is not None
+    assert getattr(TierCacheConfig.from_options({name: None}, environ={}), name) is None
+    for text in ("none", "Off"):
+        env = {"TIERCACHE_" + name.upper(): text}
+        assert getattr(TierCacheConfig.from_options({}, environ=env), name) is None

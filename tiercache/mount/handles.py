@@ -232,12 +232,15 @@ class ReadOpener:
             self._count_range(done)
             return done
 
+        def open_whole() -> Any:
+            file = self._fs.open(full, "rb")
+            fetch_whole = getattr(file, "fetch_whole", None)
+            if fetch_whole is not None:  # read in order from here on: no range-first
+                fetch_whole()
+            return file
+
         handle = ColdReadHandle(
-            path,
-            size,
-            read_and_count,
-            lambda: self._fs.open(full, "rb"),
-            lambda size: self._opened(path, size),
+            path, size, read_and_count, open_whole, lambda size: self._opened(path, size)
         )
         return handle, self.kept.opened(path, size, etag) or self._keep_always
 

@@ -109,18 +109,25 @@ def download(
     retry: RetryPolicy,
     if_match: str | None = None,
     governor: StreamGovernor | None = None,
+    hesitate: Callable[[ObjectInfo], None] | None = None,
+    hesitate_above: int = 0,
 ) -> ObjectInfo:
     """Fetch the whole object into ``sink`` with up to ``concurrency`` ranged GETs at once
     (with a ``governor``: as many as the link pays for, learned while it runs).
 
     The first GET reveals size and ETag; every later part is pinned to that ETag with
     ``If-Match`` so that an object replaced mid-fetch fails instead of mixing versions.
+    With ``hesitate``, the first GET is one part; for an object of at least ``hesitate_above``
+    bytes, ``hesitate`` is called once that part is in the sink and before any other GET: it
+    returns to go on, or raises to stop there.
     """
     streams = concurrency if governor is None else governor.start()
     # A single stream, known to be enough: nothing to split, one GET for the whole object.
-    first = store.open_range(
-        bucket, key, 0, part_size if concurrency > 1 and streams != 1 else None, if_match=if_match
+    split = (concurrency > 1 and streams != 1) or hesitate is not None
+    first: ObjectStream | None = store.open_range(
+        bucket, key, 0, part_size if split else None, if_match=if_match
     )
+    assert first is not None
     info = first.info
     try:
         sink.begin(info)
@@ -128,7 +135,12 @@ def download(
         first.close()
         raise
     parts = _Parts(first.end, info.size, part_size)
+    parts.whole_rest = concurrency == 1 or streams == 1  # one stream: the rest in one GET
     counted = _CountingSink(sink)
+    if hesitate is not None and info.size >= hesitate_above and first.end < info.size:
+        copy_range(store, info, counted, first.start, first.end, retry, first)
+        first = None
+        hesitate(info)
     workers: list[threading.Thread] = []
 
     def add_stream() -> None:

@@ -158,6 +158,7 @@ class BlockEntry:
         try:
             fd = os.open(self.paths.log, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
+            self._adopt_if_completed()
             return
         try:
             with self._lock:
@@ -170,6 +171,20 @@ class BlockEntry:
                         self._present[int(index)] = digest
         finally:
             os.close(fd)
+
+    def _adopt_if_completed(self) -> None:
+        """The log is gone: if its entry was completed, the file this entry reads is now the
+        whole entry's data, every block in it (logged with no digest of its own: the whole
+        entry's digest covers them); if it was evicted, nothing changes."""
+        try:
+            published = os.stat(self.tier.paths(self.entry_id).data)
+        except FileNotFoundError:
+            return
+        mine = os.fstat(self._fd)
+        if (published.st_dev, published.st_ino) == (mine.st_dev, mine.st_ino):
+            with self._lock:
+                for index in range(self.blocks):
+                    self._present.setdefault(index, "")
 
     def has(self, index: int) -> bool:
         with self._lock:
@@ -195,8 +210,10 @@ class BlockEntry:
             raise OSError(f"short write to {self.paths.data}: {written} of {len(data)} bytes")
         try:
             fd = os.open(self.paths.log, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return  # the entry was completed (now a whole entry) or evicted meanwhile
+        except FileNotFoundError:  # completed (now a whole entry) or evicted meanwhile:
+            with self._lock:  # the bytes are in the file this entry reads all the same
+                self._present[index] = digest
+            return
         try:
             os.write(fd, f"{index} {digest}\n".encode("ascii"))
         finally:
