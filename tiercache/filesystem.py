@@ -1,6 +1,6 @@
 """``TierCacheFileSystem``: the fsspec filesystem ``tiercache`` (``tiercache::s3://bucket/key``).
 
-It owns the pieces and wires them together; the data paths live in ``read_path`` (reads),
+It owns the pieces and wires them together; the data paths live in ``read`` (reads),
 ``write_behind``/``write_through`` (writes), ``tiers`` and ``store``. Listings and metadata
 come from the store, kept per consistency mode by ``metadata_cache`` and merged with pending
 writes; object bytes come through the local tier. One class has both of fsspec's faces: the
@@ -25,10 +25,7 @@ from typing import Any
 from fsspec.utils import stringify_path
 
 from tiercache.async_face import ASYNC_THREADS, AsyncFace
-from tiercache.block_file import BlockFile
-from tiercache.cached_file import CachedFile, RangeFirstFile
 from tiercache.config import TierCacheConfig
-from tiercache.direct_file import DirectFile
 from tiercache.errors import ConfigError, ObjectNotFoundError, TierFullError
 from tiercache.listing import (
     add_parent_dirs,
@@ -41,12 +38,11 @@ from tiercache.listing import (
 from tiercache.metadata_cache import KnownInfo, MetadataCache
 from tiercache.prefetch import Budget, PrefetchHandle, ReadAhead
 from tiercache.prefetch.targets import check_tier, expand
-from tiercache.read_path import source_url
+from tiercache.read.files import DirectFile, SeekableReader
+from tiercache.read.path import source_url
 from tiercache.runtime import runtime_for
 from tiercache.store.base import ObjectInfo, ObjectStore
-from tiercache.store.retry import RetryPolicy
 from tiercache.store.s3_options import STORE_OPTION_NAMES, S3Options
-from tiercache.tiers.blocks import BlockEntry
 from tiercache.tiers.entry import CachedEntry
 from tiercache.tiers.local import EvictionReport, LocalTier
 from tiercache.write.keys import check_writable_key
@@ -189,7 +185,7 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         autocommit: bool = True,
         cache_options: dict[str, Any] | None = None,
         **kwargs: Any,
-    ) -> CachedFile | BlockFile | DirectFile | RangeFirstFile | StagedWriteFile:
+    ) -> SeekableReader | DirectFile | StagedWriteFile:
         bucket, key = self.split_path(path)
         if not key:
             raise IsADirectoryError(21, "a bucket is not a file", path)
@@ -198,50 +194,10 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
             self._refuse_known_missing(bucket, key)
             try:
                 with self._runtime.prefetch.reading(bucket, key):
-                    started = time.monotonic()
-                    joined = self.read_path.in_flight(bucket, key) is not None
-                    opened = self.read_path.open(bucket, key)
-                    if joined or opened.fetch is not None:  # open waited for a fetch
-                        self._count_wait(time.monotonic() - started)
-            except TierFullError:
-                return self._direct_file(bucket, key)
+                    return self.read_path.open_file(bucket, key)
             except ObjectNotFoundError:
                 self._meta.remember_info(bucket, key, "no-object", None, asked_at)
                 raise
-
-            def fall_back(exc: OSError) -> DirectFile | None:
-                if self.read_path.tier_full_error(exc, bucket, key) is None:
-                    return None
-                return self._direct_file(bucket, key)
-
-            def block_file(blocks: BlockEntry) -> BlockFile:
-                return BlockFile(
-                    f"{bucket}/{key}",
-                    blocks,
-                    self.read_path.block_source(bucket, key),
-                    self.read_path.blocks,
-                    self._count_read,
-                    verify=self.config.verify == "always",
-                )
-
-            if opened.blocks is not None:
-                return block_file(opened.blocks)
-            whole = CachedFile(
-                f"{bucket}/{key}",
-                opened,
-                self._count_read,
-                on_tier_full=fall_back,
-                on_wait=self._count_wait,
-            )
-            if opened.fetch is None or not opened.fetch.range_first:
-                return whole
-
-            def by_blocks(info: ObjectInfo) -> BlockFile:
-                blocks = self.read_path.open_blocks(info).blocks
-                assert blocks is not None
-                return block_file(blocks)
-
-            return RangeFirstFile(whole, opened.fetch, by_blocks)
         if mode in ("wb", "xb"):
             check_writable_key(path, key)
             if mode == "xb" and self._exists_now(bucket, key):
@@ -297,17 +253,6 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
             on_close=on_close,
             stream=stream,
         )
-
-    def _direct_file(self, bucket: str, key: str) -> DirectFile:
-        """Read an object straight from the store (its tier has no room for it)."""
-        retry = RetryPolicy(attempts=self.config.retries)
-        return DirectFile(f"{bucket}/{key}", self.store, bucket, key, retry)
-
-    def _count_read(self, nbytes: int) -> None:
-        self._stats.add("bytes_read", nbytes)
-
-    def _count_wait(self, seconds: float) -> None:
-        self._stats.add_time("reader_wait_seconds", seconds)
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         bucket, key = self.split_path(path)

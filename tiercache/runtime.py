@@ -16,7 +16,7 @@ from typing import Any
 from tiercache.checkpoints import CheckpointRegistry
 from tiercache.config import TierCacheConfig, fetch_streams, upload_parts
 from tiercache.prefetch.engine import PrefetchEngine
-from tiercache.read_path import ReadPath
+from tiercache.read.path import ReadPath
 from tiercache.stats import Stats
 from tiercache.store.base import ObjectStore
 from tiercache.store.retry import RetryPolicy

@@ -8,8 +8,8 @@ import time
 from typing import Any
 
 from tiercache import MemoryStore
+from tiercache.read.ranges import StreamGovernor, download
 from tiercache.store.base import ObjectInfo
-from tiercache.store.download import StreamGovernor, download
 from tiercache.store.memory import MemoryStream
 from tiercache.store.retry import RetryPolicy
 

@@ -33,7 +33,7 @@ from tiercache.prefetch.handle import (
     SKIPPED,
     PrefetchHandle,
 )
-from tiercache.read_path import ReadPath
+from tiercache.read.path import ReadPath
 from tiercache.stats import Stats
 from tiercache.store.base import ObjectStore
 from tiercache.tiers.local import LocalTier

@@ -26,9 +26,9 @@ import xxhash
 
 from tiercache.errors import CacheCorruptError
 from tiercache.extents import Extents
+from tiercache.read.ranges import CHUNK, StreamGovernor, download
 from tiercache.stats import Stats
 from tiercache.store.base import ObjectInfo, ObjectStore
-from tiercache.store.download import CHUNK, StreamGovernor, download
 from tiercache.store.retry import RetryPolicy
 from tiercache.tiers.entry import CachedEntry, EntryMeta, EntryPaths
 from tiercache.tiers.local import LocalTier, remove_file

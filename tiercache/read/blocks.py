@@ -22,9 +22,9 @@ from tiercache import forksafe
 from tiercache.config import TierCacheConfig, fetch_streams
 from tiercache.digest import xxh3_file
 from tiercache.errors import ObjectChangedError, StoreUnavailableError
+from tiercache.read.ranges import copy_range
 from tiercache.stats import Stats
 from tiercache.store.base import ObjectInfo, ObjectStore
-from tiercache.store.download import copy_range
 from tiercache.store.retry import RetryPolicy
 from tiercache.tiers.blocks import BlockEntry
 from tiercache.tiers.entry import EntryMeta

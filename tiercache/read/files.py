@@ -1,14 +1,13 @@
-"""``CachedFile``: the read-only file object ``open(..., "rb")`` returns, backed by a tier file.
+"""The file objects ``open(..., "rb")`` returns, and what they read from.
 
-It reads with ``pread`` from the entry's data file; while the object is still being fetched it
-waits only for the bytes it asks for, so a reader starts before the download ends.
+- ``CachedFile``: a published entry or a fetch still arriving (``OpenedObject``), read with
+  ``pread``; it waits only for the bytes it asks for, and checks digests per ``verify``.
+- ``RangeFirstFile``: a cold object whose fetch waits after its first part; the first reads
+  decide whether it is fetched whole or read by blocks (see ``Fetch.decide``).
+- ``BlockFile``: an object cached block by block (``read.blocks``).
+- ``DirectFile``: straight from the store, when the tier has no room.
 
-With a digest check running on the entry (``verify="first"``, see ``verify.py``): a worker
-hashes the file ahead of the reader, and the bytes a sequential reader is handed are hashed
-as they go where the worker is behind. The read of the object's last bytes, and a read out of
-order, get the verdict first: no read of a corrupt entry completes. A corrupt clean entry is
-fetched again in its place if the reader had none of its bytes yet; otherwise (and always for
-a dirty entry) the read raises ``CacheCorruptError``.
+The details of each are in its class.
 """
 
 from __future__ import annotations
@@ -17,13 +16,65 @@ import io
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from tiercache.fetch import BlockModeRequiredError, Fetch
-from tiercache.read_path import OpenedObject
-from tiercache.seek import SeekableReader
-from tiercache.store.base import ObjectInfo
+from tiercache.errors import StoreUnavailableError
+from tiercache.read.blocks import BlockFetcher, BlockSource
+from tiercache.read.fetch import BlockModeRequiredError, Fetch
+from tiercache.store.base import ObjectInfo, ObjectStore, ObjectStream
+from tiercache.store.retry import RetryableError, RetryPolicy
+from tiercache.tiers.blocks import BlockEntry
 from tiercache.verify import DigestCheck
+
+
+@dataclass(frozen=True)
+class OpenedObject:
+    """An open file descriptor on an object's bytes: a published entry or a growing fetch."""
+
+    fd: int
+    size: int
+    etag: str
+    fetch: Fetch | None
+    blocks: BlockEntry | None = None  # a huge object cached block by block (fd is -1)
+    # ``verify="first"``: the digest check still running on these bytes, and how to open the
+    # object afresh should it fail before the reader had any of them.
+    check: DigestCheck | None = None
+    reopen: Callable[[], OpenedObject] | None = None
+
+
+def seek_target(position: int, size: int, offset: int, whence: int) -> int:
+    """The absolute position ``seek(offset, whence)`` moves to; ValueError if it is invalid."""
+    bases = {io.SEEK_SET: 0, io.SEEK_CUR: position, io.SEEK_END: size}
+    if whence not in bases:
+        raise ValueError(f"invalid whence {whence}")
+    target = bases[whence] + offset
+    if target < 0:
+        raise ValueError(f"negative seek position {target}")
+    return target
+
+
+class SeekableReader(io.RawIOBase):
+    """A read-only binary file of a known ``size`` with a position: readable, seek, tell."""
+
+    size: int
+    _pos: int
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._checkClosed()
+        self._pos = seek_target(self._pos, self.size, offset, whence)
+        return self._pos
+
+    def tell(self) -> int:
+        self._checkClosed()
+        return self._pos
+
 
 _MAX_PREAD = 1 << 30  # pread moves at most ~2 GiB per call on Linux; stay well below
 
@@ -333,3 +384,181 @@ class RangeFirstFile(SeekableReader):
             if self._decided is not None:
                 self._decided.close()
         super().close()
+
+
+_MAX_READ = 1 << 30
+
+
+class BlockFile(SeekableReader):
+    """A seekable, read-only binary file over an object cached block by block."""
+
+    def __init__(
+        self,
+        path: str,
+        entry: BlockEntry,
+        src: BlockSource,
+        fetcher: BlockFetcher,
+        on_read: Callable[[int], None],
+        verify: bool = False,
+    ) -> None:
+        super().__init__()
+        self.path = path
+        self.name = path
+        self.mode = "rb"
+        self.size = entry.meta.size
+        self.etag = entry.meta.etag
+        self._entry = entry
+        self._src = src
+        self._fetcher = fetcher
+        self._on_read = on_read
+        # verify="always": blocks checked by this file object (else the fetcher's memo).
+        self._verified: set[int] | None = set() if verify else None
+        self._pos = 0
+        self._last_end = -1
+
+    def __repr__(self) -> str:
+        return f"<BlockFile {self.path!r} size={self.size} pos={self._pos}>"
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self.path, "size": self.size, "type": "file", "ETag": self.etag}
+
+    def _prepare(self, count: int) -> int:
+        """Fetch what ``count`` bytes from the position need; return how many to read."""
+        count = max(0, min(count, self.size - self._pos, _MAX_READ))
+        if not count:
+            return 0
+        start, end = self._pos, self._pos + count
+        self._fetcher.ensure(self._entry, self._src, start, end)
+        self._fetcher.check(self._entry, self._src, start, end, self._verified)
+        if start == self._last_end:  # sequential: keep the next blocks coming
+            self._fetcher.read_ahead(self._entry, self._src, end)
+        self._last_end = end
+        self._fetcher.maybe_complete(self._entry, self._src)
+        return count
+
+    def readinto(self, buffer: Any) -> int:
+        self._checkClosed()
+        view = memoryview(buffer).cast("B")
+        count = self._prepare(len(view))
+        if not count:
+            return 0
+        got = self._entry.preadv(view[:count], self._pos)
+        self._pos += got
+        self._on_read(got)
+        return got
+
+    def read(self, size: int | None = -1) -> bytes:
+        self._checkClosed()
+        if size is None or size < 0:
+            size = self.size - self._pos
+        count = self._prepare(size)
+        if not count:
+            return b""
+        data = self._entry.pread(count, self._pos)
+        self._pos += len(data)
+        self._on_read(len(data))
+        return data
+
+    def readall(self) -> bytes:
+        chunks = []
+        while chunk := self.read(_MAX_READ):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._entry.touch()
+            self._entry.close()
+        super().close()
+
+
+class DirectFile(io.RawIOBase):
+    """A seekable, read-only binary file over one object version in the store."""
+
+    def __init__(
+        self, path: str, store: ObjectStore, bucket: str, key: str, retry: RetryPolicy
+    ) -> None:
+        super().__init__()
+        self.path = self.name = path
+        self.mode = "rb"
+        self._store, self._bucket, self._key, self._retry = store, bucket, key, retry
+        info = store.head(bucket, key)
+        self.size, self.etag = info.size, info.etag
+        self._pos = 0
+        self._stream: ObjectStream | None = None
+
+    def __repr__(self) -> str:
+        return f"<DirectFile {self.path!r} size={self.size} pos={self._pos}>"
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self.path, "size": self.size, "type": "file", "ETag": self.etag}
+
+    def readinto(self, buffer: Any) -> int:
+        self._checkClosed()
+        view = memoryview(buffer).cast("B")[: max(0, self.size - self._pos)]
+        failures = 0
+        while len(view):
+            try:
+                if self._stream is None:
+                    self._stream = self._store.open_range(
+                        self._bucket, self._key, self._pos, None, if_match=self.etag
+                    )
+                count = self._stream.readinto(view)
+                if not count:
+                    raise RetryableError(f"body ended at byte {self._pos} of {self.size}")
+                self._pos += count
+                return count
+            except RetryableError as exc:
+                failures += 1
+                self._drop_stream()
+                if failures >= self._retry.attempts:
+                    raise StoreUnavailableError(
+                        f"GetObject s3://{self._bucket}/{self._key} at byte {self._pos} at "
+                        f"{self._store.namespace.partition(':')[2]}: "
+                        f"failed after {failures} attempts: {exc}"
+                    ) from exc
+                time.sleep(self._retry.delay(failures))
+        return 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        self._checkClosed()
+        remaining = self.size - self._pos
+        count = remaining if size is None or size < 0 else min(size, remaining)
+        buffer = bytearray(max(0, count))
+        got = 0
+        while got < count:
+            step = self.readinto(memoryview(buffer)[got:])
+            if not step:
+                break
+            got += step
+        return bytes(buffer[:got])
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._checkClosed()
+        target = seek_target(self._pos, self.size, offset, whence)
+        if target != self._pos:
+            self._drop_stream()  # the open range starts elsewhere
+            self._pos = target
+        return self._pos
+
+    def tell(self) -> int:
+        self._checkClosed()
+        return self._pos
+
+    def close(self) -> None:
+        self._drop_stream()
+        super().close()
+
+    def _drop_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None

@@ -19,10 +19,9 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from tiercache import forksafe
-from tiercache.block_fetch import BlockFetcher, BlockSource
 from tiercache.config import TierCacheConfig, fetch_streams
 from tiercache.errors import (
     CacheCorruptError,
@@ -30,32 +29,26 @@ from tiercache.errors import (
     ObjectNotFoundError,
     TierFullError,
 )
-from tiercache.fetch import BlockModeRequiredError, Fetch, FetchRequest
 from tiercache.promote import promote
+from tiercache.read.blocks import BlockFetcher, BlockSource
+from tiercache.read.fetch import BlockModeRequiredError, Fetch, FetchRequest
+from tiercache.read.files import (
+    BlockFile,
+    CachedFile,
+    DirectFile,
+    OpenedObject,
+    RangeFirstFile,
+    SeekableReader,
+)
+from tiercache.read.ranges import StreamGovernor
 from tiercache.stats import Stats
 from tiercache.store.base import ObjectInfo, ObjectStore
-from tiercache.store.download import StreamGovernor
 from tiercache.store.retry import RetryPolicy
 from tiercache.tiers.blocks import BlockEntry
 from tiercache.tiers.entry import CachedEntry
 from tiercache.tiers.local import LocalTier
 from tiercache.tiers.shared import SharedTier
-from tiercache.verify import DigestCheck, EntryChecks, EntryDroppedError, Verifier
-
-
-@dataclass(frozen=True)
-class OpenedObject:
-    """An open file descriptor on an object's bytes: a published entry or a growing fetch."""
-
-    fd: int
-    size: int
-    etag: str
-    fetch: Fetch | None
-    blocks: BlockEntry | None = None  # a huge object cached block by block (fd is -1)
-    # ``verify="first"``: the digest check still running on these bytes, and how to open the
-    # object afresh should it fail before the reader had any of them.
-    check: DigestCheck | None = None
-    reopen: Callable[[], OpenedObject] | None = None
+from tiercache.verify import EntryChecks, EntryDroppedError, Verifier
 
 
 def source_url(bucket: str, key: str) -> str:
@@ -110,6 +103,59 @@ class ReadPath:
         return tier.lookup(
             self.entry_id(bucket, key), self._store.namespace, source_url(bucket, key)
         )
+
+    def open_file(self, bucket: str, key: str) -> SeekableReader | DirectFile:
+        """The file object a reader of the object gets: over a tier (a hit, or a fetch it
+        reads as it arrives, or blocks), or straight from the store when the tier is full."""
+        path = f"{bucket}/{key}"
+        try:
+            started = time.monotonic()
+            joined = self.in_flight(bucket, key) is not None
+            opened = self.open(bucket, key)
+            if joined or opened.fetch is not None:  # open waited for a fetch
+                self._count_wait(time.monotonic() - started)
+        except TierFullError:
+            return self._direct_file(bucket, key)
+        if opened.blocks is not None:
+            return self._block_file(bucket, key, opened.blocks)
+
+        def fall_back(exc: OSError) -> DirectFile | None:
+            if self.tier_full_error(exc, bucket, key) is None:
+                return None
+            return self._direct_file(bucket, key)
+
+        whole = CachedFile(
+            path, opened, self._count_read, on_tier_full=fall_back, on_wait=self._count_wait
+        )
+        if opened.fetch is None or not opened.fetch.range_first:
+            return whole
+
+        def by_blocks(info: ObjectInfo) -> BlockFile:
+            blocks = self.open_blocks(info).blocks
+            assert blocks is not None
+            return self._block_file(bucket, key, blocks)
+
+        return RangeFirstFile(whole, opened.fetch, by_blocks)
+
+    def _block_file(self, bucket: str, key: str, blocks: BlockEntry) -> BlockFile:
+        return BlockFile(
+            f"{bucket}/{key}",
+            blocks,
+            self.block_source(bucket, key),
+            self.blocks,
+            self._count_read,
+            verify=self._config.verify == "always",
+        )
+
+    def _direct_file(self, bucket: str, key: str) -> DirectFile:
+        """Read an object straight from the store (its tier has no room for it)."""
+        return DirectFile(f"{bucket}/{key}", self._store, bucket, key, self._retry)
+
+    def _count_read(self, nbytes: int) -> None:
+        self._stats.add("bytes_read", nbytes)
+
+    def _count_wait(self, seconds: float) -> None:
+        self._stats.add_time("reader_wait_seconds", seconds)
 
     def open(self, bucket: str, key: str) -> OpenedObject:
         """Open an object for reading through the tiers."""
