@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from mount_helpers import Cli, requires_fuse, stored_or_none
 
+from tiercache.mount.library import prefer_libfuse3
 from tiercache.mount.moves import TreeMoveError, move_tree, objects_under
 
 pytestmark = [pytest.mark.integration, requires_fuse]
@@ -22,6 +23,7 @@ pytestmark = [pytest.mark.integration, requires_fuse]
 
 def fuse_major() -> int:
     """The major version of the libfuse a mount here loads (0: none loads)."""
+    prefer_libfuse3()  # as the mount does
     try:
         import mfusepy  # loads libfuse: only here, once FUSE is known to be usable
     except (ImportError, OSError):

@@ -18,6 +18,8 @@ import threading
 import time
 from typing import Any
 
+from tiercache.mount.library import prefer_libfuse3
+
 log = logging.getLogger("tiercache.mount")
 
 # The kernel's read-ahead for the mount (KiB); its default of 128 KiB caps requests at that.
@@ -26,6 +28,7 @@ READ_AHEAD_KB = 4096
 
 def fuse_class(mountpoint: str) -> Any:
     """mfusepy's FUSE, reading into libfuse's buffer and raising the mount's read-ahead."""
+    prefer_libfuse3()
     import mfusepy  # noqa: PLC0415  (an optional extra: the rest of tiercache works without)
 
     class FUSE(mfusepy.FUSE):  # type: ignore[misc]
@@ -87,6 +90,7 @@ def _ns(ts: Any) -> int | None:
 
 def caller_pid() -> int:
     """The pid of the process behind the FUSE request being served (0 when unknown)."""
+    prefer_libfuse3()
     import mfusepy  # noqa: PLC0415
 
     return int(mfusepy.fuse_get_context()[2])

@@ -31,6 +31,17 @@ class FuseSupport:
         return not self.problems
 
 
+def prefer_libfuse3() -> None:
+    """Have mfusepy load libfuse 3 where it is installed (it picks libfuse 2 when both are),
+    unless ``FUSE_LIBRARY_NAME`` or ``FUSE_LIBRARY_PATH`` says otherwise: libfuse 2 never
+    passes on a change of the mtime alone (``touch -m``, ``tar -x``). Call before importing
+    mfusepy."""
+    if "FUSE_LIBRARY_NAME" in os.environ or "FUSE_LIBRARY_PATH" in os.environ:
+        return
+    if ctypes.util.find_library("fuse3"):
+        os.environ["FUSE_LIBRARY_NAME"] = "fuse3"
+
+
 def fusermount_path() -> str | None:
     """The setuid helper libfuse mounts and unmounts with (``fusermount3`` for libfuse 3)."""
     return shutil.which("fusermount3") or shutil.which("fusermount")
@@ -45,6 +56,7 @@ def fuse_support() -> FuseSupport:
     if library is None:
         try:
             # Importing the binding loads libfuse, so it is tried only once the library exists.
+            prefer_libfuse3()
             import mfusepy  # noqa: F401, PLC0415
         except ImportError:
             binding = "the FUSE binding mfusepy is not installed (pip install 'tiercache[mount]')"
