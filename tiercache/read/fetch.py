@@ -75,7 +75,7 @@ class FetchRequest:
     # Objects of at least this size are not fetched whole (see ``BlockModeRequiredError``).
     block_threshold: int | None = None
     # Objects of at least this size wait after their first part for the reader's first reads
-    # (see ``Fetch.reader_reads``): a reader away from the start has them read by blocks.
+    # (see ``Fetch.decide``): a reader away from the start has them read by blocks.
     range_first_above: int | None = None
     # Learns how many of ``concurrency`` streams the link pays for (None: use them all).
     governor: StreamGovernor | None = None
@@ -120,7 +120,7 @@ class Fetch:
         self.identity: Identity | None = None
         self.error: BaseException | None = None
         self.finished = False
-        # Range-first (see ``reader_reads``): None while undecided, then True (fetch it
+        # Range-first (see ``decide``): None while undecided, then True (fetch it
         # whole) or False (stop: the object is read by blocks).
         self._whole: bool | None = None
 
@@ -214,7 +214,7 @@ class Fetch:
 
     def _hesitate(self, info: ObjectInfo) -> None:
         """Between the first part and the rest: wait for the reader's decision (see
-        ``reader_reads``); a reader that reads nothing for a while gets the whole object."""
+        ``decide``); a reader that reads nothing for a while gets the whole object."""
         threshold = self.request.range_first_above
         if threshold is None or info.size < threshold:
             return
