@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import xxhash
+
+from tiercache import forksafe
 
 # Read into one reused buffer that stays in the CPU cache: a fresh 8 MiB ``bytes`` per read
 # cost more (allocation and a pass through memory) than the hashing itself.
@@ -24,3 +28,42 @@ def xxh3_file(path: str) -> tuple[int, str]:
     finally:
         os.close(fd)
     return size, hasher.hexdigest()
+
+
+# A write at least this large is hashed on a helper thread while its bytes go to the file: the
+# two run on two cores instead of one after the other (xxh3 releases the GIL). Smaller writes
+# are hashed in place, where handing them over would cost more than the hashing.
+HASH_BESIDE_AT = 1 << 20
+
+
+class _HashThreads:
+    """The helper threads that hash writers' buffers (reset in a forked child)."""
+
+    def __init__(self) -> None:
+        self._reset()
+        forksafe.register(self)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def after_fork(self) -> None:
+        self._reset()  # the parent's threads do not exist here
+
+    def submit(self, hasher: xxhash.xxh3_64, data: memoryview) -> Future[None]:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tiercache-hash")
+            return self._pool.submit(hasher.update, data)
+
+
+_hash_threads = _HashThreads()
+
+
+def hash_beside(hasher: xxhash.xxh3_64, data: memoryview) -> Future[None] | None:
+    """Start hashing ``data`` into ``hasher`` on a helper thread (None: too small, hash it in
+    place). The caller must wait for the result before it returns ``data`` to its owner or
+    hashes anything else into ``hasher``, so the digest covers the buffer as it was passed."""
+    if len(data) < HASH_BESIDE_AT:
+        return None
+    return _hash_threads.submit(hasher, data)

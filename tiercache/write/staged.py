@@ -21,7 +21,7 @@ from typing import Any
 
 import xxhash
 
-from tiercache.digest import xxh3_file
+from tiercache.digest import hash_beside, xxh3_file
 from tiercache.errors import TierFullError
 from tiercache.tiers.entry import install, prepare_file
 from tiercache.tiers.local import LocalTier, fsync_dir, remove_file
@@ -115,6 +115,7 @@ class StagedWriteFile(io.RawIOBase):
     def write(self, data: Any) -> int:
         self._checkClosed()
         view = memoryview(data).cast("B")
+        hashing = hash_beside(self._hasher, view)  # on another core while the bytes are written
         done = 0
         try:
             while done < len(view):
@@ -122,7 +123,11 @@ class StagedWriteFile(io.RawIOBase):
         except OSError as exc:
             self._broken = True  # a file missing bytes must never be committed
             raise _tier_full(exc, self.path, self._size + done, self._staged) from exc
-        self._hasher.update(view)
+        finally:
+            if hashing is not None:
+                hashing.result()  # the caller's buffer is its own again only once hashed
+        if hashing is None:
+            self._hasher.update(view)
         self._size += done
         if self._stream is not None:
             self._stream.wrote(self._size)
