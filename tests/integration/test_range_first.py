@@ -86,6 +86,24 @@ def test_a_sequential_cold_reader_fetches_the_object_whole_once(
     assert fs.is_cached(f"{bucket}/seq.bin")
 
 
+def test_a_reader_streaming_from_the_start_gets_the_rest_beside_the_first_part(
+    s3: Any, s3_client: Any, bucket: str, remote: RemoteStore, tmp_path: Any
+) -> None:
+    """A first read of megabytes from the start decides at once: the other ranged GETs run
+    while the first part still arrives, instead of after it (one connection's rate)."""
+    data = _put(s3_client, bucket, "stream.bin", 32 * MiB)
+    fs = _fs(s3, remote, tmp_path)
+    first_part = fs.config.range_size  # the first ranged GET of a range-first fetch
+    with fs.open(f"{bucket}/stream.bin") as f:
+        assert f.read(first_part) == data[:first_part]
+        # More than the first part had arrived by then: another stream ran beside it.
+        assert remote.bytes_down > first_part + MiB, remote.bytes_down
+        assert f.read() == data[first_part:]
+    stats = fs.stats()
+    assert (stats["fetches"], stats["blocks_fetched"]) == (1, 0), stats
+    assert remote.bytes_down <= len(data) + MiB
+
+
 def test_header_then_footer_then_everything(
     s3: Any, s3_client: Any, bucket: str, remote: RemoteStore, tmp_path: Any
 ) -> None:

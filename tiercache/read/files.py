@@ -283,13 +283,17 @@ class RangeFirstFile(SeekableReader):
     """A cold object whose fetch waits after its first part: the first reads decide the rest.
 
     Reads within the first part are served from it while nothing is decided. A read in order
-    from the start that goes on (``SEQUENTIAL_READS`` in a row, or past the first part) has
-    the object fetched whole, read as it arrives. A read away from the start (a footer, an
-    index) stops the fetch and turns the object into a block entry: only the blocks read are
-    fetched (and the rest in the background once ``whole_object_after`` of them were read).
+    from the start that goes on (``SEQUENTIAL_READS`` in a row, one of ``STREAMING_READ`` bytes
+    or more, or past the first part) has the object fetched whole, read as it arrives. A read
+    away from the start (a footer, an index) stops the fetch and turns the object into a block
+    entry: only the blocks read are fetched (and the rest in the background once
+    ``whole_object_after`` of them were read).
     """
 
     SEQUENTIAL_READS = 2
+    # A first read from the start this large is a reader streaming the object (headers and
+    # magic numbers are read in far smaller pieces): the rest is fetched at once.
+    STREAMING_READ = 1 << 20
 
     def __init__(
         self,
@@ -328,7 +332,10 @@ class RangeFirstFile(SeekableReader):
             end = self.size if size < 0 else min(self.size, self._pos + size)
             in_order = self._pos == self._next
             self._in_a_row = self._in_a_row + 1 if in_order else 1
-            if end > self._front or (in_order and self._in_a_row >= self.SEQUENTIAL_READS):
+            streaming = in_order and (
+                self._in_a_row >= self.SEQUENTIAL_READS or end - self._pos >= self.STREAMING_READ
+            )
+            if end > self._front or streaming:
                 self._decide(whole=in_order)
         reader = self._decided or self._whole
         reader.seek(self._pos)

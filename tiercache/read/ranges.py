@@ -118,8 +118,10 @@ def download(
     The first GET reveals size and ETag; every later part is pinned to that ETag with
     ``If-Match`` so that an object replaced mid-fetch fails instead of mixing versions.
     With ``hesitate``, the first GET is one part; for an object of at least ``hesitate_above``
-    bytes, ``hesitate`` is called once that part is in the sink and before any other GET: it
-    returns to go on, or raises to stop there.
+    bytes, ``hesitate`` is called before any other GET: it returns to go on, or raises to
+    stop once the first part is in the sink. With more than one stream it is called as soon
+    as that GET answers, while the part streams in (the others start beside it); with one,
+    once the part is in.
     """
     streams = concurrency if governor is None else governor.start()
     # A single stream, known to be enough: nothing to split, one GET for the whole object.
@@ -137,10 +139,31 @@ def download(
     parts = _Parts(first.end, info.size, part_size)
     parts.whole_rest = concurrency == 1 or streams == 1  # one stream: the rest in one GET
     counted = _CountingSink(sink)
-    if hesitate is not None and info.size >= hesitate_above and first.end < info.size:
+    head: threading.Thread | None = None
+    hesitating = hesitate is not None and info.size >= hesitate_above and first.end < info.size
+    if hesitating and (concurrency == 1 or streams == 1):  # one stream: the parts in turn
         copy_range(store, info, counted, first.start, first.end, retry, first)
         first = None
+        assert hesitate is not None
         hesitate(info)
+    elif hesitating:
+        # The first part arrives on its own stream while the reader decides: one that reads
+        # the object through has the other streams start at once, beside it.
+        assert hesitate is not None
+        head = threading.Thread(
+            target=_worker,
+            args=(store, info, counted, _Parts(first.end, first.end, part_size), retry, first),
+            kwargs={"failed": parts},
+            name="tiercache-get-first",
+            daemon=True,
+        )
+        head.start()
+        first = None
+        try:
+            hesitate(info)
+        except BaseException:
+            head.join()  # the first part is in the sink before the caller turns to blocks
+            raise
     workers: list[threading.Thread] = []
 
     def add_stream() -> None:
@@ -153,7 +176,7 @@ def download(
         workers.append(thread)
         thread.start()
 
-    for _ in range(min(max(streams, 1), concurrency) - 1):
+    for _ in range(min(max(streams, 1), concurrency) - (1 if head is None else 2)):
         if parts.left() > len(workers):
             add_stream()
     control = None
@@ -166,7 +189,7 @@ def download(
         )
         control.start()
     _worker(store, info, counted, parts, retry, first)
-    for thread in workers:
+    for thread in [*workers, *([head] if head is not None else [])]:
         thread.join()
     elapsed = time.monotonic() - counted.began
     done.set()
@@ -240,14 +263,17 @@ def _worker(
     parts: _Parts,
     retry: RetryPolicy,
     opened: ObjectStream | None,
+    failed: _Parts | None = None,
 ) -> None:
+    """Copy ``opened`` to its end, then parts until none is left; an error fails ``failed``
+    (default: ``parts``), which stops every stream that takes parts from it."""
     try:
         if opened is not None:
             copy_range(store, info, sink, opened.start, opened.end, retry, opened)
         while (part := parts.next()) is not None:
             copy_range(store, info, sink, part[0], part[1], retry, None)
     except BaseException as exc:
-        parts.fail(exc)
+        (failed or parts).fail(exc)
 
 
 def copy_range(
