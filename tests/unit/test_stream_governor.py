@@ -86,7 +86,9 @@ class _Sink:
             self.data[offset : offset + len(data)] = data
 
 
-def _fetch(store: _LinkStore, governor: StreamGovernor, size: int) -> tuple[bytes, bytes]:
+def _fetch(
+    store: _LinkStore, governor: StreamGovernor, size: int, **options: Any
+) -> tuple[bytes, bytes]:
     payload = random.randbytes(size)
     store.put_bytes("b", "k", payload)
     sink = _Sink()
@@ -99,6 +101,7 @@ def _fetch(store: _LinkStore, governor: StreamGovernor, size: int) -> tuple[byte
         concurrency=governor.maximum,
         retry=RetryPolicy(attempts=2),
         governor=governor,
+        **options,
     )
     return payload, bytes(sink.data)
 
@@ -128,3 +131,25 @@ def test_a_fast_store_is_read_with_one_get_per_object() -> None:
     store.opened = 0
     payload, got = _fetch(store, governor, 64 * MiB)
     assert got == payload and store.opened == 1  # learned: the whole object in one GET
+
+
+def test_objects_of_few_parts_get_a_stream_per_part_once_learned() -> None:
+    # Objects of four parts, read range-first by a reader that decides at once (``hesitate``
+    # returns): one connection gets a quarter of the link, so the fetches should learn to
+    # run all four parts at once, though no single fetch has a part left to show the limit.
+    store = _LinkStore(_Link(per_stream=4 * MiB, total=16 * MiB))
+    governor = StreamGovernor(16)
+    governor.WINDOW = 0.08
+    hesitated: list[int] = []
+    options: dict[str, Any] = {"hesitate": lambda info: hesitated.append(info.size)}
+    for _ in range(3):
+        payload, got = _fetch(store, governor, 4 * MiB, **options)
+        assert got == payload
+    assert hesitated == [4 * MiB] * 3
+    assert governor.start() >= 4, governor.start()
+    started = time.monotonic()
+    payload, got = _fetch(store, governor, 4 * MiB, **options)
+    assert got == payload
+    # Four streams at once take about one part's time; two (the first part's, then the
+    # rest) would take two.
+    assert (4 * MiB) / (time.monotonic() - started) > 0.6 * 16 * MiB

@@ -61,6 +61,12 @@ class StreamGovernor:
         with self._lock:
             self._streams = streams
 
+    def ran_out_of_parts(self, streams: int) -> None:
+        """A fetch had no part left for another stream before the link showed its limit
+        (an object of few parts): the next fetch may try one stream more."""
+        with self._lock:
+            self._streams = min(self.maximum, max(self._streams, streams + 1))
+
 
 class _Parts:
     """Hands out byte ranges in ascending order, so that a progressive reader is fed first.
@@ -182,9 +188,14 @@ def download(
     control = None
     done = threading.Event()  # ends the governor's wait at once: it never delays the fetch
     if governor is not None and concurrency > 1 and streams != 1:
+
+        def running() -> int:  # this thread's stream, the first part's and the workers'
+            beside = head is not None and head.is_alive()
+            return 1 + int(beside) + sum(t.is_alive() for t in workers)
+
         control = threading.Thread(
             target=_govern,
-            args=(governor, counted, parts, workers, add_stream, done),
+            args=(governor, counted, parts, running, add_stream, done),
             daemon=True,
         )
         control.start()
@@ -230,30 +241,36 @@ def _govern(
     governor: StreamGovernor,
     counted: _CountingSink,
     parts: _Parts,
-    workers: list[threading.Thread],
+    running: Callable[[], int],
     add_stream: Callable[[], None],
     done: threading.Event,
 ) -> None:
     """Add a stream while the last one raised throughput; settle on what the link gives."""
     before = None  # throughput with one stream fewer
+    tried = 0  # streams running since the last one was added
     while parts.left() > 0:
-        streams = 1 + sum(t.is_alive() for t in workers)
+        streams = running()
         mark = counted.total
         if done.wait(governor.WINDOW):
             return
         rate = (counted.total - mark) / governor.WINDOW
-        if streams == 1 and rate >= StreamGovernor.FAST:
-            parts.whole_rest = True  # the link is not what limits one stream
+        if rate >= StreamGovernor.FAST * streams:
+            parts.whole_rest = True  # the link is not what limits a stream
             governor.learned(1)
             return
         if before is not None and rate < before * StreamGovernor.GAIN:
             governor.learned(max(1, streams - 1))  # the last stream did not pay
             return
-        if streams >= governor.maximum or parts.left() <= len(workers):
+        if streams >= governor.maximum:
             governor.learned(streams)
             return
+        if parts.left() == 0:
+            break
         before = rate
         add_stream()
+        tried = streams + 1
+    if tried:  # every stream added paid, and then no part was left for another
+        governor.ran_out_of_parts(tried)
 
 
 def _worker(
