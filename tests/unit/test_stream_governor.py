@@ -153,3 +153,19 @@ def test_objects_of_few_parts_get_a_stream_per_part_once_learned() -> None:
     # Four streams at once take about one part's time; two (the first part's, then the
     # rest) would take two.
     assert (4 * MiB) / (time.monotonic() - started) > 0.6 * 16 * MiB
+
+
+def test_a_fast_store_read_range_first_settles_on_one_stream() -> None:
+    # One connection alone would get 300 MiB/s, more than a link that holds streams back
+    # gives; the first part's stream and the next one, beside each other on the first fetch,
+    # share 400 MiB/s: a fast store all the same, read in turn afterwards.
+    store = _LinkStore(_Link(per_stream=300 * MiB, total=400 * MiB))
+    governor = StreamGovernor(16)
+    governor.WINDOW = 0.05
+    options: dict[str, Any] = {"hesitate": lambda info: None}
+    payload, got = _fetch(store, governor, 128 * MiB, **options)
+    assert got == payload
+    assert governor.start() == 1
+    store.opened = 0
+    payload, got = _fetch(store, governor, 64 * MiB, **options)
+    assert got == payload and store.opened == 2  # the first part, then the rest in one GET

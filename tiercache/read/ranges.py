@@ -254,8 +254,10 @@ def _govern(
         if done.wait(governor.WINDOW):
             return
         rate = (counted.total - mark) / governor.WINDOW
-        if rate >= StreamGovernor.FAST * streams:
-            parts.whole_rest = True  # the link is not what limits a stream
+        if streams <= 2 and rate >= StreamGovernor.FAST:
+            # One stream (or the first part's and one more) already moves what the link does
+            # not hold back: a fast store, read with one GET per object.
+            parts.whole_rest = True
             governor.learned(1)
             return
         if before is not None and rate < before * StreamGovernor.GAIN:
