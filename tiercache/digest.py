@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import os
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 import xxhash
 
@@ -36,28 +35,7 @@ def xxh3_file(path: str) -> tuple[int, str]:
 HASH_BESIDE_AT = 1 << 20
 
 
-class _HashThreads:
-    """The helper threads that hash writers' buffers (reset in a forked child)."""
-
-    def __init__(self) -> None:
-        self._reset()
-        forksafe.register(self)
-
-    def _reset(self) -> None:
-        self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
-
-    def after_fork(self) -> None:
-        self._reset()  # the parent's threads do not exist here
-
-    def submit(self, hasher: xxhash.xxh3_64, data: memoryview) -> Future[None]:
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tiercache-hash")
-            return self._pool.submit(hasher.update, data)
-
-
-_hash_threads = _HashThreads()
+_hash_threads = forksafe.LazyPool(2, "tiercache-hash")  # hashes writers' buffers
 
 
 def hash_beside(hasher: xxhash.xxh3_64, data: memoryview) -> Future[None] | None:
@@ -66,4 +44,4 @@ def hash_beside(hasher: xxhash.xxh3_64, data: memoryview) -> Future[None] | None
     hashes anything else into ``hasher``, so the digest covers the buffer as it was passed."""
     if len(data) < HASH_BESIDE_AT:
         return None
-    return _hash_threads.submit(hasher, data)
+    return _hash_threads.submit(hasher.update, data)

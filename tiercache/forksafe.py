@@ -10,7 +10,11 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Protocol
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class ForkAware(Protocol):
@@ -27,6 +31,29 @@ def register(obj: ForkAware) -> None:
     """Call ``obj.after_fork()`` in every child forked from now on."""
     with _registry_lock:
         _objects.add(obj)
+
+
+class LazyPool:
+    """A thread pool made on first use; a forked child makes its own (the parent's threads do
+    not exist there, so the parent's pool would take work and never run it)."""
+
+    def __init__(self, workers: int, name: str) -> None:
+        self._workers = workers
+        self._name = name
+        self.after_fork()
+        register(self)
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def submit(self, fn: Callable[..., T], /, *args: Any) -> Future[T]:
+        """Run ``fn(*args)`` on the pool (RuntimeError once the interpreter is shutting down)."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix=self._name)
+            pool = self._pool
+        return pool.submit(fn, *args)
 
 
 def _reset_in_child() -> None:

@@ -16,7 +16,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from concurrent.futures import ThreadPoolExecutor
 
 import xxhash
 
@@ -60,6 +59,9 @@ def corrupt_error(source: str, dirty: bool, handed: bool) -> CacheCorruptError:
     return CacheCorruptError(f"{source}: the cached copy failed its digest check")
 
 
+_workers = forksafe.LazyPool(_WORKERS, "tiercache-verify")  # hash files ahead of readers
+
+
 class Verifier:
     """This process's digest checks: the files it trusts (bounded, least recently used go
     first) and the workers that hash files ahead of their readers."""
@@ -72,7 +74,6 @@ class Verifier:
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
 
     def after_fork(self) -> None:
         """A child reads the same files: it keeps the trust, not the parent's workers."""
@@ -99,12 +100,8 @@ class Verifier:
 
     def start(self, check: DigestCheck) -> None:
         """Hash ``check``'s file in a worker; a reader that needs the verdict first runs it."""
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(_WORKERS, thread_name_prefix="tiercache-verify")
-            pool = self._pool
         try:
-            pool.submit(check.run)
+            _workers.submit(check.run)
         except RuntimeError:
             pass  # the interpreter is shutting down: the reader runs the check itself
 
