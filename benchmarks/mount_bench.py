@@ -51,7 +51,10 @@ NOTES = (
     "mount_cold_rand: 4 KiB random reads on a fresh tier and mount, through a counting "
     "proxy (0.1 ms per request) that gives the bytes fetched from the store. mount_cold_seq: "
     "1 MiB sequential reads of every file once, on a fresh tier and mount; mount_warm_seq, "
-    "mount_warm_rand: the same mount again (tier and kernel page cache warm, files reopened).",
+    "mount_warm_rand: the same mount again (tier and kernel page cache warm, files reopened). "
+    "tmpfs_seq: the same files copied to /dev/shm, read in the same rounds: a page cache of "
+    "small pages, as the mount's is on this kernel, where a local ext4 file may be cached in "
+    "large folios, which copy out faster.",
     "--store-profile runs every mode that reads the store (boto3, fsspec and the mount "
     "process) through scripts/remote_store.py, the profile's numbers in params.store_profile; "
     "the upload, an untimed warm-up read of every object and cleanup go straight to the "
@@ -233,10 +236,13 @@ def run_repeat(ctx: Context) -> None:
 
 FIO_FILE_MIB = 32
 FIO_WARM_ROUNDS = 3
+SHM = "/dev/shm"  # tmpfs: the small-page reference (tmpfs_seq)
 FIO_RATIOS = (  # name, numerator, denominator, measure, target, "min" (at least) or "max"
     ("mount_warm_seq / local_seq (1 MiB, MiB/s)", "mount_warm_seq", "local_seq", "mib_s", 0.8),
     ("mount_warm_rand / local_rand (4 KiB, IOPS)", "mount_warm_rand", "local_rand", "iops", 0.5),
     ("mount_cold_seq / local_seq (1 MiB, MiB/s)", "mount_cold_seq", "local_seq", "mib_s", None),
+    ("mount_warm_seq / tmpfs_seq (1 MiB, MiB/s)", "mount_warm_seq", "tmpfs_seq", "mib_s", None),
+    ("tmpfs_seq / local_seq (1 MiB, MiB/s)", "tmpfs_seq", "local_seq", "mib_s", None),
     ("mount_cold_rand / local_rand (4 KiB, IOPS)", "mount_cold_rand", "local_rand", "iops", None),
 )
 
@@ -294,8 +300,14 @@ def fio_pass(ctx: Context, client: Any) -> dict[str, Any]:
     names = [Path(shard.path).name for shard in dataset.shards]
     local = Path(dataset.shards[0].path).parent
     runs: dict[str, dict[str, Any]] = {}
+    # A second reference: the same files on tmpfs, a page cache of small pages only (like a
+    # FUSE mount's here), where the local directory's filesystem may keep large folios.
+    shm = Path(tempfile.mkdtemp(prefix="tiercache-fio-", dir=SHM)) if os.path.isdir(SHM) else None
     try:
         fio(ctx, local, names, "read", "1M", timed=False)  # the local files in the page cache
+        if shm is not None:
+            for name in names:
+                shutil.copyfile(local / name, shm / name)
         with counting_proxy(ctx) as proxy:
             tier = Path(tempfile.mkdtemp(prefix="fio-tier-", dir=tmp))
             with mounted(ctx, tier, (), dataset.bucket, proxy.url) as mnt:
@@ -313,17 +325,23 @@ def fio_pass(ctx: Context, client: Any) -> dict[str, Any]:
                 for name, where, rw, bs in (
                     ("local_seq", local, "read", "1M"),
                     ("mount_warm_seq", mnt, "read", "1M"),
+                    ("tmpfs_seq", shm, "read", "1M"),
                     ("local_rand", local, "randread", "4k"),
                     ("mount_warm_rand", mnt, "randread", "4k"),
                 ):
-                    samples.setdefault(name, []).append(fio(ctx, where, names, rw, bs))
+                    if where is not None:
+                        samples.setdefault(name, []).append(fio(ctx, where, names, rw, bs))
             for name, taken in samples.items():
                 runs[name] = sorted(taken, key=lambda run: float(run["mib_s"]))[len(taken) // 2]
     finally:
+        if shm is not None:
+            shutil.rmtree(shm, ignore_errors=True)
         if not ctx.endpoint.started_here:
             delete_dataset(client, dataset)
     ratios: list[dict[str, Any]] = []
     for name, numerator, denominator, measure, target in FIO_RATIOS:
+        if numerator not in runs or denominator not in runs:
+            continue  # no tmpfs here
         value = runs[numerator][measure] / max(runs[denominator][measure], 1e-9)
         row: dict[str, Any] = {"name": name, "value": round(value, 3), "target": target}
         if target is not None:
