@@ -92,7 +92,9 @@ class TierCacheConfig:
             with fewer, the parts are queued as they are written and sent when the burst of
             writes is over (sending takes the writer's CPU). ``off``: uploads start after
             ``close()``. True/False read as on/off.
-        part_size: bytes per multipart-upload part.
+        part_size: bytes per multipart-upload part; an object that would need more than
+            S3's 10,000 parts is sent in the smallest whole MiB that fits (one written past
+            10,000 parts is then uploaded after ``close()`` instead of while written).
         range_size: bytes per ranged GET when a fetch runs several (AWS's guidance: 8-16 MB).
         lock_timeout: seconds to wait for a fetch held by another process before failing.
         retries: attempts per store request (throttling, 5xx, connection errors).

@@ -23,6 +23,18 @@ from tiercache import forksafe
 from tiercache.store.base import ObjectInfo
 
 _MEASURED = 1024 * 1024  # parts smaller than this (a file's tail) say little about the link
+# S3 numbers the parts of an upload from 1 to 10,000; a larger object needs larger parts.
+MAX_PARTS = 10_000
+_PART_STEP = 1024 * 1024
+
+
+def part_size_for(size: int, part_size: int) -> int:
+    """The part size for an object of ``size`` bytes: ``part_size``, or the smallest whole
+    number of MiB above it that keeps the object within ``MAX_PARTS`` parts."""
+    if -(-size // part_size) <= MAX_PARTS:
+        return part_size
+    needed = -(-size // MAX_PARTS)
+    return -(-needed // _PART_STEP) * _PART_STEP
 
 
 class _AbortedError(Exception):

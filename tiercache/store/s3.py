@@ -18,7 +18,7 @@ from tiercache import forksafe
 from tiercache.errors import AccessDeniedError, StoreError
 from tiercache.store.base import ListEntry, ObjectInfo
 from tiercache.store.endpoint import AWS_NAMESPACE, canonical_endpoint, configured_endpoint
-from tiercache.store.multipart import PartGovernor, PartSender, SendsParts
+from tiercache.store.multipart import PartGovernor, PartSender, SendsParts, part_size_for
 from tiercache.store.retry import RetryableError, RetryPolicy
 from tiercache.store.s3_errors import translate_client_error, translate_transport_error
 from tiercache.store.s3_options import S3Options
@@ -298,9 +298,10 @@ class S3Store(SendsParts):
             with open(path, "rb") as f:
                 return self.put_bytes(bucket, key, f.read(), metadata)
         upload = self.start_multipart(bucket, key, metadata, on_multipart)
+        part_size = part_size_for(size, self._part_size)
         try:
-            for number, offset in enumerate(range(0, size, self._part_size), start=1):
-                upload.add_part(number, partial(_read_part, path, offset, self._part_size))
+            for number, offset in enumerate(range(0, size, part_size), start=1):
+                upload.add_part(number, partial(_read_part, path, offset, part_size))
         except BaseException:
             upload.abort()
             raise

@@ -23,6 +23,7 @@ from functools import partial
 import xxhash
 
 from tiercache.errors import ObjectNotFoundError
+from tiercache.store import multipart
 from tiercache.store.base import ObjectInfo, ObjectStore
 from tiercache.store.multipart import MultipartUpload
 from tiercache.tiers.local import fsync_dir, remove_file
@@ -78,6 +79,11 @@ class PartStreamer:
         self._stopped = True
 
     def _send_through(self, last: int, size: int) -> None:
+        if last > multipart.MAX_PARTS:
+            # Too large for parts of this size: the file is uploaded whole after close(),
+            # with parts large enough (``finish`` declines this upload).
+            self._stopped = True
+            return
         try:
             while self._scheduled < last:
                 upload = self._started()
@@ -160,8 +166,8 @@ class PartStreamer:
             return None
         try:
             total = -(-size // self._part_size)
-            if self._scheduled > total:
-                self.abort()  # sent for a size the journal does not record
+            if self._scheduled > total or total > multipart.MAX_PARTS:
+                self.abort()  # sent for another size, or too many parts: sent whole instead
                 return None
             for number in range(self._scheduled + 1, total + 1):
                 offset = (number - 1) * self._part_size
