@@ -321,7 +321,7 @@ def make_tiercache_fs(ctx: Context, local_dir: Path, write_mode: str) -> Any:
     fs = fsspec.filesystem(
         "tiercache",
         local_dir=str(local_dir),
-        target_options=ctx.endpoint.s3_options(),
+        target_options=ctx.endpoint.target_options(),
         skip_instance_cache=True,
         local_max_bytes=4 * ctx.total_bytes + 64 * MiB,  # dirty budget (half) never throttles
         write_mode=write_mode,

@@ -18,12 +18,12 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-import boto3
-import botocore.config
 import xxhash
 
 MiB = 1024 * 1024
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+import s3server  # noqa: E402  (scripts/ is not a package)
 
 Result = dict[str, Any]
 
@@ -33,28 +33,19 @@ class VerifyError(Exception):
 
 
 @dataclass(frozen=True)
-class Endpoint:
-    """Where the S3 server is and how to sign requests to it."""
+class Endpoint(s3server.S3Endpoint):
+    """The S3 server a benchmark talks to, and the processes whose CPU it measures."""
 
-    url: str
-    key: str
-    secret: str
-    region: str
     server_pid: int | None = None  # set when this script started the server
     proxy_pid: int | None = None  # the remote-store emulator in front of it, if any
 
     @property
+    def url(self) -> str:
+        return self.endpoint
+
+    @property
     def started_here(self) -> bool:
         return self.server_pid is not None
-
-    def s3_options(self) -> dict[str, Any]:
-        """s3fs-style storage options, understood by both s3fs and tiercache (target_options)."""
-        return {
-            "endpoint_url": self.url,
-            "key": self.key,
-            "secret": self.secret,
-            "client_kwargs": {"region_name": self.region},
-        }
 
     def s3fs_options(self) -> dict[str, Any]:
         """s3fs options with the endpoint passed through ``client_kwargs``."""
@@ -95,9 +86,6 @@ def s3_endpoint(url: str | None, tmp: Path) -> Iterator[Endpoint]:
             os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
         )
         return
-    sys.path.insert(0, str(REPO / "scripts"))
-    import s3server
-
     data_dir = tmp / "s3server"
     data_dir.mkdir()
     with s3server.start_server(data_dir=str(data_dir)) as srv:
@@ -190,7 +178,7 @@ def remote_store(
     params = store_profile(profile)
     with rs.spawn(endpoint.url, profile) as spawned:
         params["url"] = spawned.url
-        proxied = dataclasses.replace(endpoint, url=spawned.url, proxy_pid=spawned.pid)
+        proxied = dataclasses.replace(endpoint, endpoint=spawned.url, proxy_pid=spawned.pid)
         if profile != "loopback" and store_cores != 0 and endpoint.started_here:
             params["cpu_split"] = isolate_store(proxied, store_cores)
         yield proxied, params
@@ -198,18 +186,10 @@ def remote_store(
 
 def make_client(endpoint: Endpoint, pool: int = 16) -> Any:
     """A boto3 S3 client that, like tiercache's own, computes no CRC checksums."""
-    config = botocore.config.Config(
+    return endpoint.client(
         max_pool_connections=pool,
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
-    )
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint.url,
-        aws_access_key_id=endpoint.key,
-        aws_secret_access_key=endpoint.secret,
-        region_name=endpoint.region,
-        config=config,
     )
 
 

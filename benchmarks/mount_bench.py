@@ -215,7 +215,7 @@ def run_repeat(ctx: Context) -> None:
 
     fs_dir = Path(tempfile.mkdtemp(prefix="fsspec-", dir=ctx.tmp))
     fs = TierCacheFileSystem(
-        target_options=ctx.endpoint.s3_options(),
+        target_options=ctx.endpoint.target_options(),
         local_dir=str(fs_dir),
         local_max_bytes=4 * ctx.total_bytes,
         consistency="immutable",

@@ -184,7 +184,7 @@ def warm_up_s3(ctx: Context, client: Any) -> None:
             pass
         body.close()
     # Instantiate (and connect) the s3fs filesystem that simplecache reuses from fsspec's cache.
-    fsspec.filesystem("s3", **ctx.endpoint.s3_options()).ls(ctx.dataset.bucket)
+    fsspec.filesystem("s3", **ctx.endpoint.target_options()).ls(ctx.dataset.bucket)
 
 
 # -- readers (one per mode) --------------------------------------------------------------------
@@ -226,7 +226,7 @@ def transfer_manager_reader(ctx: Context, config: TransferConfig, client: Any) -
 
 
 def s3fs_reader(ctx: Context) -> Reader:
-    fs = fsspec.filesystem("s3", **ctx.endpoint.s3_options())
+    fs = fsspec.filesystem("s3", **ctx.endpoint.target_options())
 
     def read(shard: Shard) -> list[Any]:
         with fs.open(f"{ctx.dataset.bucket}/{shard.key}", "rb") as f:
@@ -238,7 +238,10 @@ def s3fs_reader(ctx: Context) -> Reader:
 def simplecache_reader(ctx: Context, cache_dir: Path) -> Reader:
     def read(shard: Shard) -> list[Any]:
         url = f"simplecache::s3://{ctx.dataset.bucket}/{shard.key}"
-        opts = {"s3": ctx.endpoint.s3_options(), "simplecache": {"cache_storage": str(cache_dir)}}
+        opts = {
+            "s3": ctx.endpoint.target_options(),
+            "simplecache": {"cache_storage": str(cache_dir)},
+        }
         with fsspec.open(url, "rb", **opts) as f:
             return drain(f, ctx.chunk)
 
@@ -342,7 +345,7 @@ def make_tiercache_fs(
         options["verify"] = verify
     fs = fsspec.filesystem(
         "tiercache",
-        target_options=ctx.endpoint.s3_options(),
+        target_options=ctx.endpoint.target_options(),
         skip_instance_cache=True,
         **options,
     )
@@ -378,7 +381,7 @@ def check_chained_url(ctx: Context) -> dict[str, Any]:
     opened = fsspec.open(
         f"tiercache::s3://{ctx.dataset.bucket}/{shard.key}",
         "rb",
-        s3=ctx.endpoint.s3_options(),
+        s3=ctx.endpoint.target_options(),
         tiercache={"local_dir": str(ctx.fresh_dir("chained")), "consistency": "immutable"},
     )
     with opened as f:

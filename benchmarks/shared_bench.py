@@ -130,7 +130,7 @@ def _host_fs(
     endpoint: Endpoint, root: Path, shared: Path, host: str, **extra: Any
 ) -> TierCacheFileSystem:
     return TierCacheFileSystem(
-        target_options=endpoint.s3_options(),
+        target_options=endpoint.target_options(),
         local_dir=str(root / f"local-{host}"),
         shared_dir=str(shared),
         host_id=host,
@@ -358,7 +358,7 @@ def _race(
             ctx.Process(
                 target=_process,
                 args=(
-                    endpoint.s3_options(),
+                    endpoint.target_options(),
                     str(local / "race"),
                     shared,
                     f"host{host}",

@@ -247,12 +247,14 @@ def run_mode(
         ]
 
     if mode == "s3fs":
-        results = epochs(fsspec.filesystem("s3", skip_instance_cache=True, **endpoint.s3_options()))
+        results = epochs(
+            fsspec.filesystem("s3", skip_instance_cache=True, **endpoint.target_options())
+        )
     elif mode == "simplecache":
         fs = fsspec.filesystem(
             "simplecache",
             target_protocol="s3",
-            target_options=endpoint.s3_options(),
+            target_options=endpoint.target_options(),
             cache_storage=str(cache),
             skip_instance_cache=True,
         )
@@ -271,7 +273,7 @@ def run_mode(
 
 def tiercache_fs(endpoint: Endpoint, cache: Path, **options: Any) -> TierCacheFileSystem:
     fs = TierCacheFileSystem(
-        target_options=endpoint.s3_options(),
+        target_options=endpoint.target_options(),
         local_dir=str(cache),
         skip_instance_cache=True,
         **options,
@@ -375,7 +377,7 @@ def benchmark_through(
 ) -> dict[str, Any]:
     """Every mode and the over-budget run through ``endpoint`` (the store the profile emulates)."""
     rate = read_stream(common.make_client(endpoint), ds, rate_probe(ds))
-    fsspec.filesystem("s3", **endpoint.s3_options()).ls(ds.bucket)  # connect outside the timers
+    fsspec.filesystem("s3", **endpoint.target_options()).ls(ds.bucket)  # connect outside the timers
     modes = {}
     for mode in args.modes:
         epochs, extras = run_mode(mode, ds, endpoint, args, tmp)

@@ -17,11 +17,9 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import boto3
 import fsspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -42,45 +40,20 @@ def _parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-@dataclass(frozen=True)
-class Store:
-    """Where the demo's dataset lives."""
-
-    endpoint: str
-    key: str = field(repr=False)
-    secret: str = field(repr=False)
-    region: str
-
-    def client(self) -> Any:
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            aws_access_key_id=self.key,
-            aws_secret_access_key=self.secret,
-            region_name=self.region,
-        )
-
-    def s3_options(self) -> dict[str, Any]:
-        return {
-            "endpoint_url": self.endpoint,
-            "key": self.key,
-            "secret": self.secret,
-            "client_kwargs": {"region_name": self.region},
-        }
-
-
 @contextmanager
-def _store(endpoint: str | None, workdir: Path) -> Iterator[Store]:
+def _store(endpoint: str | None, workdir: Path) -> Iterator[s3server.S3Endpoint]:
     if endpoint is None:
         print("starting the bundled S3 server (SeaweedFS on 127.0.0.1)...")
         with s3server.start_server(data_dir=str(workdir / "s3")) as server:
-            yield Store(server.endpoint, server.access_key, server.secret_key, server.region)
+            yield server.s3
         return
     key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
     if not key or not secret:
         raise SystemExit("demo: --endpoint needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY set")
     print(f"using the S3 server at {endpoint}")
-    yield Store(endpoint, key, secret, os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
+    yield s3server.S3Endpoint(
+        endpoint, key, secret, os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
+    )
 
 
 def _write_dataset(client: Any, bucket: str, shards: int, size: int) -> dict[str, bytes]:
@@ -116,7 +89,7 @@ def main() -> int:
                     f"wrote {len(dataset)} shards, {total / MiB:.0f} MiB, to s3://{bucket}/dataset/"
                 )
                 options = {
-                    "s3": store.s3_options(),
+                    "s3": store.target_options(),
                     "tiercache": {"local_dir": str(workdir / "tier"), "consistency": "immutable"},
                 }
                 urls = [f"tiercache::s3://{bucket}/{key}" for key in dataset]

@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 DEFAULT_VERSION = "4.48"
 DEFAULT_REGION = "us-east-1"
@@ -37,6 +38,43 @@ _STOP_GRACE_S = 15.0
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 # How weed reports a lost port race: a pre-flight check or a failed listen.
 _PORT_RACE_RE = re.compile(r"Port allocation failed|address already in use|is not available")
+
+
+@dataclass(frozen=True)
+class S3Endpoint:
+    """Where an S3 server answers and the keys to sign requests with (never in its repr).
+
+    Tests, benchmarks and the demo use it for any server: the one started here or another
+    given by its URL.
+    """
+
+    endpoint: str
+    key: str = field(repr=False)
+    secret: str = field(repr=False)
+    region: str = DEFAULT_REGION
+
+    def target_options(self) -> dict[str, Any]:
+        """s3fs-style options, as a user passes them to tiercache (``s3={...}``) or s3fs."""
+        return {
+            "endpoint_url": self.endpoint,
+            "key": self.key,
+            "secret": self.secret,
+            "client_kwargs": {"region_name": self.region},
+        }
+
+    def client(self, **config: Any) -> Any:
+        """A boto3 S3 client for this endpoint (``config``: botocore ``Config`` arguments)."""
+        import boto3  # noqa: PLC0415  (installing the server must not need boto3)
+        import botocore.config  # noqa: PLC0415
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.key,
+            aws_secret_access_key=self.secret,
+            region_name=self.region,
+            config=botocore.config.Config(**config) if config else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -70,6 +108,11 @@ class S3Server:
     def resume(self) -> None:
         """Undo pause() with SIGCONT."""
         self._signal(signal.SIGCONT)
+
+    @property
+    def s3(self) -> S3Endpoint:
+        """Where this server answers, with its keys."""
+        return S3Endpoint(self.endpoint, self.access_key, self.secret_key, self.region)
 
     def env(self) -> dict[str, str]:
         """Environment variables that point boto3/s3fs/the AWS CLI at this server."""

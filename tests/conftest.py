@@ -75,7 +75,7 @@ def s3() -> Iterator[S3Endpoint]:
         )
         return
     with s3server.start_server() as server:
-        yield S3Endpoint(server.endpoint, server.access_key, server.secret_key, server.region)
+        yield server.s3
 
 
 @pytest.fixture

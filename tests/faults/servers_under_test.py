@@ -6,38 +6,13 @@ folder); ``from conftest import ...`` would find whichever folder's conftest cam
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import boto3
 import s3server
+from s3server import S3Endpoint
 
-
-@dataclass(frozen=True)
-class S3Endpoint:
-    endpoint: str
-    key: str = field(repr=False)  # keys stay out of test reports and tracebacks
-    secret: str = field(repr=False)
-    region: str
-
-    def target_options(self) -> dict[str, Any]:
-        """s3fs-style options, as a user passes them in ``s3={...}``."""
-        return {
-            "endpoint_url": self.endpoint,
-            "key": self.key,
-            "secret": self.secret,
-            "client_kwargs": {"region_name": self.region},
-        }
-
-    def client(self) -> Any:
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            aws_access_key_id=self.key,
-            aws_secret_access_key=self.secret,
-            region_name=self.region,
-        )
+__all__ = ["OwnServer", "S3Endpoint"]
 
 
 class OwnServer:
@@ -52,12 +27,7 @@ class OwnServer:
         self.data_dir = data_dir
         self._server = s3server.start_server(data_dir=str(data_dir))
         self.port = self._server.port
-        self.endpoint = S3Endpoint(
-            self._server.endpoint,
-            self._server.access_key,
-            self._server.secret_key,
-            self._server.region,
-        )
+        self.endpoint = self._server.s3
 
     def client(self) -> Any:
         return self.endpoint.client()
