@@ -143,33 +143,31 @@ def download(
         first.close()
         raise
     parts = _Parts(first.end, info.size, part_size)
-    parts.whole_rest = concurrency == 1 or streams == 1  # one stream: the rest in one GET
+    one_stream = concurrency == 1 or streams == 1
+    parts.whole_rest = one_stream  # the rest in one GET
     counted = _CountingSink(sink)
     head: threading.Thread | None = None
-    hesitating = hesitate is not None and info.size >= hesitate_above and first.end < info.size
-    if hesitating and (concurrency == 1 or streams == 1):  # one stream: the parts in turn
-        copy_range(store, info, counted, first.start, first.end, retry, first)
-        first = None
-        assert hesitate is not None
-        hesitate(info)
-    elif hesitating:
-        # The first part arrives on its own stream while the reader decides: one that reads
-        # the object through has the other streams start at once, beside it.
-        assert hesitate is not None
-        head = threading.Thread(
-            target=_worker,
-            args=(store, info, counted, _Parts(first.end, first.end, part_size), retry, first),
-            kwargs={"failed": parts},
-            name="tiercache-get-first",
-            daemon=True,
-        )
-        head.start()
-        first = None
-        try:
+    if hesitate is not None and info.size >= hesitate_above and first.end < info.size:
+        if one_stream:  # the first part, then the decision, then the rest
+            copy_range(store, info, counted, first.start, first.end, retry, first)
             hesitate(info)
-        except BaseException:
-            head.join()  # the first part is in the sink before the caller turns to blocks
-            raise
+        else:
+            # The first part arrives on its own stream while the reader decides: one that
+            # reads the object through has the other streams start at once, beside it.
+            head = threading.Thread(
+                target=_worker,
+                args=(store, info, counted, _Parts(first.end, first.end, part_size), retry, first),
+                kwargs={"failed": parts},
+                name="tiercache-get-first",
+                daemon=True,
+            )
+            head.start()
+            try:
+                hesitate(info)
+            except BaseException:
+                head.join()  # the first part is in the sink before the caller turns to blocks
+                raise
+        first = None
     workers: list[threading.Thread] = []
 
     def add_stream() -> None:
@@ -200,8 +198,10 @@ def download(
         )
         control.start()
     _worker(store, info, counted, parts, retry, first)
-    for thread in [*workers, *([head] if head is not None else [])]:
+    for thread in workers:
         thread.join()
+    if head is not None:
+        head.join()
     elapsed = time.monotonic() - counted.began
     done.set()
     if control is not None:
