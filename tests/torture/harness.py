@@ -37,7 +37,6 @@ for _extra in (HERE, ROOT / "scripts", ROOT / "tests" / "faults"):
     if str(_extra) not in sys.path:
         sys.path.insert(0, str(_extra))
 
-import boto3  # noqa: E402
 from torture_checker import History, Violation  # noqa: E402
 from torture_round import Env, Round, Store  # noqa: E402
 from torture_scenarios import SCENARIOS, WEIGHTS  # noqa: E402
@@ -107,16 +106,6 @@ def external_store() -> Store | None:
     )
 
 
-def _client(store: Store) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=store.endpoint,
-        aws_access_key_id=store.key,
-        aws_secret_access_key=store.secret,
-        region_name=store.region,
-    )
-
-
 def _stored(client: Any, path: str) -> str:
     bucket, _, key = path.partition("/")
     try:
@@ -131,7 +120,7 @@ class Harness:
     def __init__(self, options: Options, store: Store, workdir: str) -> None:
         self.options = options
         self.summary = Summary(options.seed)
-        self.client = _client(store)
+        self.client = store.client()
         bucket = f"tc-torture-{secrets.token_hex(4)}"
         self.client.create_bucket(Bucket=bucket)
         ctx = multiprocessing.get_context("spawn")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from s3server import S3Endpoint
 from torture_checker import Final, History, Op, Violation
 from torture_workers import Message, Pool, Step, Worker
 
@@ -23,13 +24,9 @@ UPLOADS_SETTLE = 5.0  # seconds live processes get to abort uploads they no long
 
 
 @dataclass(frozen=True)
-class Store:
+class Store(S3Endpoint):
     """The S3 server the round writes to (``server``: our private one, which can be paused)."""
 
-    endpoint: str
-    key: str
-    secret: str
-    region: str
     server: Any = None
 
     def as_dict(self) -> dict[str, str]:
