@@ -86,7 +86,11 @@ def test_an_unchanged_file_is_read_again_from_the_kernels_pages(
     first = _settled_counters(cli, mnt, len(body))["bytes_read"]
     assert (mnt / "a.bin").read_bytes() == body
     time.sleep(2.5)  # two publications of the counters
-    assert _mount_counters(cli, mnt, first)["bytes_read"] == first  # no read reached the mount
+    # The kernel's kept pages served the second read: a file whose pages were dropped is read
+    # whole again (2 MiB). A few pages may still reach the mount: once in CI, 8 KiB of the
+    # 2 MiB did, pages the kernel had reclaimed in between, which the mount cannot prevent.
+    again = _mount_counters(cli, mnt, first)["bytes_read"] - first
+    assert again <= 64 * 1024, again
 
     changed = os.urandom(2 * MiB)
     (mnt / "a.bin").write_bytes(changed)  # a new version: its pages are not the old ones
