@@ -16,6 +16,9 @@ from tiercache import TierCacheFileSystem
 
 Build = Callable[..., TierCacheFileSystem]
 LIST = "list-type=2"  # ListObjectsV2 is a GET on the bucket with this query
+# Long beside the ~15 ms the asks take, so that a stalled CI machine cannot outlast it (at
+# 1 s, one clean-clone run saw the ttl pass between the fetch and the third round of asks).
+TTL = 3.0
 
 
 @pytest.fixture
@@ -44,13 +47,13 @@ def test_ttl_serves_info_of_a_cached_object_without_a_head_until_the_ttl_passes(
     counted_fs: Build, proxy: FaultProxy, s3_client: Any, bucket: str
 ) -> None:
     s3_client.put_object(Bucket=bucket, Key="k", Body=b"hello")
-    fs = counted_fs(consistency="ttl", ttl=1.0)
+    fs = counted_fs(consistency="ttl", ttl=TTL)
     assert fs.cat(f"{bucket}/k") == b"hello"
     fs.wait_fetches()
     for _ in range(3):
         _ask_all(fs, f"{bucket}/k")
     assert proxy.count("HEAD") == 0
-    time.sleep(1.1)
+    time.sleep(TTL + 0.1)
     _ask_all(fs, f"{bucket}/k")
     assert proxy.count("HEAD") == 1  # past the ttl: asked again, then kept again
 
@@ -59,12 +62,12 @@ def test_ttl_keeps_the_head_of_an_object_not_in_the_tier(
     counted_fs: Build, proxy: FaultProxy, s3_client: Any, bucket: str
 ) -> None:
     s3_client.put_object(Bucket=bucket, Key="k", Body=b"hello")
-    fs = counted_fs(consistency="ttl", ttl=1.0)
+    fs = counted_fs(consistency="ttl", ttl=TTL)
     for _ in range(3):
         _ask_all(fs, f"{bucket}/k")
     assert proxy.count("HEAD") == 1
     assert not fs.is_cached(f"{bucket}/k")
-    time.sleep(1.1)
+    time.sleep(TTL + 0.1)
     _ask_all(fs, f"{bucket}/k")
     assert proxy.count("HEAD") == 2
 
