@@ -70,6 +70,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds attributes and listings are trusted (default: 1)",
     )
     parser.add_argument("--allow-other", action="store_true", help="let other users read the mount")
+    parser.add_argument(
+        "--no-passthrough",
+        dest="passthrough",
+        action="store_false",
+        help="serve every read from the mount process, never by FUSE passthrough (which, where "
+        "the kernel, libfuse >= 3.16 and root allow it, lets the kernel read a warm file opened "
+        "read-only from its tier copy, and refuses writers while such readers hold it: ETXTBSY)",
+    )
     parser.add_argument("--debug", action="store_true", help="log every FUSE request")
     add_json_flag(parser)
 
@@ -98,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         read_only=bool(args.read_only),
         attr_ttl=args.attr_timeout,
         allow_other=args.allow_other,
+        passthrough=args.passthrough,
         debug=args.debug,
     )
     if args.foreground:

@@ -63,6 +63,10 @@ def fuse_class(mountpoint: str) -> Any:
             threading.Thread(
                 target=_raise_read_ahead, args=(mountpoint,), name="mount-readahead", daemon=True
             ).start()
+            passthrough = getattr(self.operations, "passthrough", None)
+            if passthrough is not None and conn:
+                version = (mfusepy.fuse_version_major, mfusepy.fuse_version_minor)
+                passthrough.negotiate(conn.contents, version)
             super().init_fuse_3(conn, config)
 
         def init_fuse_2(self, conn: Any) -> None:

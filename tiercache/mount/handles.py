@@ -52,6 +52,11 @@ class ReadHandle:
                 done += got
             return done
 
+    def settled_fd(self) -> int | None:
+        """The tier file's descriptor, where the kernel may read the object itself."""
+        settled = getattr(self._file, "settled_fd", None)
+        return None if settled is None else settled()
+
     def close(self) -> None:
         self._file.close()
 
@@ -91,6 +96,10 @@ class ColdReadHandle:
         self._next = -1  # where a sequential reader reads next
         self._in_a_row = 0
         self._ranged_bytes = 0
+
+    def settled_fd(self) -> int | None:
+        """None: its bytes are not all in the tier (the mount serves its reads)."""
+        return None
 
     def read(self, size: int, offset: int) -> bytes:
         buffer = bytearray(size)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import ctypes.util
 import os
 import shutil
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 INSTALL_HINT = (
     "install FUSE: apt-get install fuse3 (Debian/Ubuntu) or dnf install fuse3 (Fedora), "
@@ -31,14 +33,25 @@ class FuseSupport:
         return not self.problems
 
 
+def built_libfuse() -> Path | None:
+    """The libfuse >= 3.16 that ``scripts/build-libfuse.sh`` built into this environment, if
+    any, and only for root: FUSE passthrough needs both, and the build's ``fusermount3``
+    (which ``auto_unmount`` runs) is not setuid."""
+    library = Path(sys.prefix) / "libfuse" / "lib" / "libfuse3.so.4"
+    return library if os.geteuid() == 0 and library.exists() else None
+
+
 def prefer_libfuse3() -> None:
     """Have mfusepy load libfuse 3 where it is installed (it picks libfuse 2 when both are),
     unless ``FUSE_LIBRARY_NAME`` or ``FUSE_LIBRARY_PATH`` says otherwise: libfuse 2 never
-    passes on a change of the mtime alone (``touch -m``, ``tar -x``). Call before importing
-    mfusepy."""
+    passes on a change of the mtime alone (``touch -m``, ``tar -x``). A libfuse built into
+    this environment (``built_libfuse``) comes first. Call before importing mfusepy."""
     if "FUSE_LIBRARY_NAME" in os.environ or "FUSE_LIBRARY_PATH" in os.environ:
         return
-    if ctypes.util.find_library("fuse3"):
+    built = built_libfuse()
+    if built is not None:
+        os.environ["FUSE_LIBRARY_PATH"] = str(built)
+    elif ctypes.util.find_library("fuse3"):
         os.environ["FUSE_LIBRARY_NAME"] = "fuse3"
 
 

@@ -27,6 +27,7 @@ from tiercache.mount.errno_map import errno_for
 from tiercache.mount.handles import EntryHandle, HandleTable, ReadObserver, ReadOpener
 from tiercache.mount.kept import DEFAULT_FILE_MODE, AttrKeeper, SetAttrs
 from tiercache.mount.moves import TreeMoveError, move_tree, objects_under
+from tiercache.mount.passthrough import Passthrough
 from tiercache.mount.writable import WritableFile, WritableFiles
 
 log = logging.getLogger("tiercache.mount")
@@ -82,6 +83,7 @@ class MountOptions:
     attr_ttl: float = 1.0
     keep_cache: bool = False  # keep the kernel's cached pages across opens (immutable data)
     direct_io: bool = False  # bypass the kernel page cache (every read reaches tiercache)
+    passthrough: bool = True  # the kernel reads warm read-only opens from the tier file
 
 
 class MountOperations:
@@ -108,6 +110,7 @@ class MountOperations:
         self.observer = observer
         self.handles = HandleTable()
         self.readers = ReadOpener(fs, observer, options.keep_cache)
+        self.passthrough = Passthrough(options.passthrough and not options.direct_io)
         self.writables = WritableFiles()
         self.cache = AttrCache(options.attr_ttl)
         # Directories made here (object stores have no directories: a made one lives in the
@@ -123,6 +126,10 @@ class MountOperations:
         self.kept = AttrKeeper(
             fs, self._full, lambda path: self.writables.current(path) is not None, self.cache.forget
         )
+
+    def counters(self) -> dict[str, int]:
+        """The mount's own counters: its ranged reads, and opens read through passthrough."""
+        return {**self.readers.counters(), **self.passthrough.counters()}
 
     # -- paths and attributes ----------------------------------------------------------------
 
@@ -319,24 +326,36 @@ class MountOperations:
             entry = self.writables.attach(path)
             if entry is not None:  # open for writing too: read what was written
                 fi.fh = self.handles.add(EntryHandle(entry, writable=False))
+                self.passthrough.opened(fi.fh, path, fi, None)
                 return 0
             handle, keep = self.readers.open(path, self._full(path))
             fi.fh = self.handles.add(handle)
             fi.keep_cache = int(keep)
+            self.passthrough.opened(fi.fh, path, fi, handle.settled_fd())
             return 0
         self._writable()
         if self._attr(path).is_dir:
             raise FuseError(errno.EISDIR)
+        self._refuse_if_passed_through(path)
         fi.fh = self._open_entry(path, truncate=bool(fi.flags & os.O_TRUNC))
+        self.passthrough.opened(fi.fh, path, fi, None)
         return 0
+
+    def _refuse_if_passed_through(self, path: str) -> None:
+        """ETXTBSY for a writer while readers of ``path`` read it through passthrough (the
+        kernel would refuse an open the mount serves; see ``passthrough``)."""
+        if self.passthrough.held(path):
+            raise FuseError(errno.ETXTBSY)
 
     @answers_errno
     def create(self, path: str, mode: int, fi: Any) -> int:
         self._writable()
         fi.direct_io = int(self.options.direct_io)
+        self._refuse_if_passed_through(path)
         self._mark_made(path)
         self.kept.removed(path)
         fi.fh = self._open_entry(path, truncate=True)
+        self.passthrough.opened(fi.fh, path, fi, None)
         if mode & 0o7777 != DEFAULT_FILE_MODE:  # tar and cp make files with their own mode
             self.kept.set(path, SetAttrs(mode=mode & 0o7777))
         self.cache.forget(path)
@@ -437,6 +456,7 @@ class MountOperations:
 
     @answers_errno
     def release(self, path: str | None, fi: Any) -> int:
+        self.passthrough.released(fi.fh)
         handle = self.handles.pop(fi.fh)
         if isinstance(handle, EntryHandle):
             handle.flushed()
@@ -478,6 +498,7 @@ class MountOperations:
             if not open_here:  # a new file open here has no object yet
                 raise
         self.kept.removed(path)
+        self.passthrough.gone(path)
         self._mark_gone(path)
         self._keep_parent(path)
         self.cache.forget(path)
@@ -535,6 +556,7 @@ class MountOperations:
         if entry is not None:
             self.writables.move(entry, new, self._full(new))
         self.kept.moved(old, new)
+        self.passthrough.moved(old, new)
         self._mark_made(new)
         self._mark_gone(old)
         self._keep_parent(old)
@@ -576,6 +598,7 @@ class MountOperations:
             self._made_dirs.add(new)  # shown even when it holds nothing
         self._keep_parent(old)
         self.kept.moved(old, new)
+        self.passthrough.moved(old, new)
         self._mark_made(new)
         self._mark_gone(old, *moved)
         for changed in (old, new, *moved):

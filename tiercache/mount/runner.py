@@ -39,6 +39,7 @@ class MountSpec:
     read_only: bool = False
     attr_ttl: float = 1.0
     allow_other: bool = False
+    passthrough: bool = True  # see ``passthrough``; off: every read reaches the mount
     debug: bool = False
 
 
@@ -76,6 +77,7 @@ def operation_options(spec: MountSpec, consistency: str) -> MountOptions:
         attr_ttl=spec.attr_ttl,
         keep_cache=consistency == "immutable",
         direct_io=False,
+        passthrough=spec.passthrough,
     )
 
 
@@ -97,7 +99,7 @@ def serve(spec: MountSpec, fs: Any) -> None:
     stop = threading.Event()
     writer = threading.Thread(
         target=_write_stats,
-        args=(fs, spec, stats_file, stop, operations.readers.counters),
+        args=(fs, spec, stats_file, stop, operations.counters),
         name="mount-stats",
         daemon=True,
     )

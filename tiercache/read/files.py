@@ -125,6 +125,14 @@ class CachedFile(SeekableReader):
     def fileno(self) -> int:
         raise io.UnsupportedOperation("a cached object has no public file descriptor")
 
+    def settled_fd(self) -> int | None:
+        """The descriptor of the whole tier copy, for the kernel to read itself (the mount's
+        passthrough); None while its bytes still arrive, a digest check of them runs, or the
+        object is read from the store instead. Valid until ``close``."""
+        if self._fetch is not None or self._check is not None or self._direct is not None:
+            return None
+        return self._fd
+
     def _available(self, start: int, count: int) -> int:
         """Wait until ``count`` bytes from ``start`` are on disk; return how many to read."""
         count = max(0, min(count, self.size - start))
