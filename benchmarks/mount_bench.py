@@ -187,6 +187,14 @@ def cli(ctx: Context, local_dir: Path, *args: str, **env: str) -> dict[str, Any]
     return result
 
 
+def mount_counters(ctx: Context, local_dir: Path, mountpoint: Path) -> dict[str, Any]:
+    """The counters the mount on ``mountpoint`` published last (``tiercache stats``)."""
+    for entry in cli(ctx, local_dir, "stats")["mounts"]:
+        if entry["mountpoint"] == str(mountpoint):
+            return dict(entry.get("stats") or {})
+    return {}
+
+
 @contextmanager
 def mounted(
     ctx: Context,
@@ -333,6 +341,8 @@ def fio_pass(ctx: Context, client: Any) -> dict[str, Any]:
                         samples.setdefault(name, []).append(fio(ctx, where, names, rw, bs))
             for name, taken in samples.items():
                 runs[name] = sorted(taken, key=lambda run: float(run["mib_s"]))[len(taken) // 2]
+            time.sleep(2.5)  # two publications of the mount's counters
+            passthrough_opens = mount_counters(ctx, tier, mnt).get("passthrough_opens", 0)
     finally:
         if shm is not None:
             shutil.rmtree(shm, ignore_errors=True)
@@ -361,6 +371,7 @@ def fio_pass(ctx: Context, client: Any) -> dict[str, Any]:
         "files": len(names),
         "file_mib": FIO_FILE_MIB,
         "read_ahead_kb": read_ahead_kb,
+        "passthrough_opens": passthrough_opens,  # warm opens the kernel read from the tier
         "runs": runs,
         "ratios": ratios,
     }

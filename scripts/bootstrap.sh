@@ -22,6 +22,13 @@ if ! command -v fusermount3 >/dev/null 2>&1 || ! ldconfig -p 2>/dev/null | grep 
     echo "bootstrap: fuse3 is missing (apt-get install fuse3); mount tests will skip" >&2
   fi
 fi
+# FUSE passthrough (warm reads by the kernel from the tier file) needs libfuse >= 3.16 and
+# root; Debian 12 ships 3.14, so root builds 3.17 into the venv (scripts/build-libfuse.sh,
+# about 30 s once). Without it the mount serves every read itself, and says why in its log.
+if [ "$(id -u)" = 0 ] && [ "$(uname -s)" = Linux ]; then
+  bash "$ROOT/scripts/build-libfuse.sh" ||
+    echo "bootstrap: libfuse 3.17 not built; the mount will not use passthrough" >&2
+fi
 # The mount benchmark compares with fio (psync); rsync is one of the tools the mount tests run.
 for tool in fio rsync; do
   if ! command -v "$tool" >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

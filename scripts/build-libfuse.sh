@@ -13,14 +13,16 @@ PREFIX=$VENV/libfuse
 if [ -e "$PREFIX/lib/libfuse3.so.$VERSION" ] && [ -x "$PREFIX/bin/fusermount3" ]; then
   exit 0
 fi
-for tool in cc ninja curl; do
+for tool in cc curl; do
   if ! command -v "$tool" >/dev/null 2>&1; then
     echo "build-libfuse: $tool is missing; the mount keeps the system's libfuse" >&2
     exit 1
   fi
 done
+# The build tools come from PyPI, pinned, into the venv.
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-  -c "$ROOT/scripts/constraints.txt" meson
+  -c "$ROOT/scripts/constraints.txt" meson ninja
+export PATH="$VENV/bin:$PATH"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 curl -fsS -m 300 -o "$WORK/src.tar.gz" "$URL"
@@ -28,7 +30,7 @@ echo "$SHA256  $WORK/src.tar.gz" | sha256sum -c --quiet -
 tar -xzf "$WORK/src.tar.gz" -C "$WORK"
 cd "$WORK/fuse-$VERSION"
 # No setuid helper and no system files: the build serves this environment's root mounts only.
-"$VENV/bin/meson" setup build --prefix="$PREFIX" --libdir=lib -Dutils=true -Dexamples=false \
+meson setup build --prefix="$PREFIX" --libdir=lib -Dutils=true -Dexamples=false \
   -Dtests=false -Duseroot=false -Dinitscriptdir= -Dudevrulesdir="$PREFIX/udev" \
   -Ddisable-mtab=true >"$WORK/setup.log" 2>&1 || { cat "$WORK/setup.log" >&2; exit 1; }
 ninja -C build install >"$WORK/build.log" 2>&1 || { tail -n 40 "$WORK/build.log" >&2; exit 1; }

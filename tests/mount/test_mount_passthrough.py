@@ -72,8 +72,11 @@ def test_a_warm_read_only_open_is_read_by_the_kernel_not_the_mount(
     before = _warm(cli, mnt, "a.bin", body)
     assert _dropped_read(mnt / "a.bin") == body
     with (mnt / "a.bin").open("rb") as f:  # a read-only mapping reads the tier file too
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
             assert mapped[-4096:] == body[-4096:]
+        finally:
+            mapped.close()
     after = _counters(cli, mnt, lambda c: c["passthrough_opens"] >= 2)
     # Dropping the open file's pages made no read reach the mount: the kernel read the tier
     # file. Served by the mount, the second read would have read the 4 MiB again.

@@ -331,6 +331,7 @@ class MountOperations:
             handle, keep = self.readers.open(path, self._full(path))
             fi.fh = self.handles.add(handle)
             fi.keep_cache = int(keep)
+            fi.noflush = 1  # a close(2) of a reader has nothing to flush: no request for it
             self.passthrough.opened(fi.fh, path, fi, handle.settled_fd())
             return 0
         self._writable()

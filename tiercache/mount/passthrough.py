@@ -111,11 +111,7 @@ class Passthrough:
                 self._refs[found.backing_id] = left
                 return
             del self._refs[found.backing_id]
-            if self._device is not None:
-                try:
-                    fcntl.ioctl(self._device, _BACKING_CLOSE, struct.pack("I", found.backing_id))
-                except OSError as exc:
-                    log.warning("passthrough: closing backing file: %s", exc.strerror)
+            self._backing_close(found.backing_id)
 
     def moved(self, old: str, new: str) -> None:
         """A rename: open files under ``old`` are now under ``new``; what ``new`` named is
@@ -148,6 +144,15 @@ class Passthrough:
             reason = "not root" if refused else str(exc)
             log.warning("passthrough off: the kernel refused a backing file (%s)", reason)
             return 0
+
+    def _backing_close(self, backing_id: int) -> None:
+        """Let the kernel drop a backing id no open uses (the files opened with it keep it)."""
+        if self._device is None:
+            return
+        try:
+            fcntl.ioctl(self._device, _BACKING_CLOSE, struct.pack("I", backing_id))
+        except OSError as exc:
+            log.warning("passthrough: closing a backing file: %s", exc.strerror)
 
 
 def _under(path: str, prefix: str) -> bool:
