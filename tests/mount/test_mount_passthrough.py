@@ -152,3 +152,17 @@ def test_a_renamed_open_file_keeps_its_passthrough_and_a_new_file_at_its_name_do
             os.close(os.open(mnt / "b.bin", os.O_WRONLY))
         assert refused.value.errno == errno.ETXTBSY
     assert (mnt / "b.bin").read_bytes() == body
+
+
+def test_a_write_right_after_a_passthrough_reader_closed_is_not_refused(
+    bucket: str, s3_client: Any, cli: Cli, mount: Callable[..., Path]
+) -> None:
+    body = os.urandom(256 * 1024)
+    s3_client.put_object(Bucket=bucket, Key="p/a.bin", Body=body)
+    mnt = mount(f"s3://{bucket}/p")
+    _warm(cli, mnt, "a.bin", body)
+    for round_ in range(10):  # read, then write at once: the reader's release may lag its close
+        assert (mnt / "a.bin").read_bytes() == body
+        body = os.urandom(256 * 1024)
+        (mnt / "a.bin").write_bytes(body)
+        assert (mnt / "a.bin").read_bytes() == body, round_

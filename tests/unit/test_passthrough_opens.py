@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -152,3 +153,17 @@ def test_a_refused_backing_file_turns_passthrough_off(monkeypatch: pytest.Monkey
     assert info.backing_id == 0 and info.keep_cache == 1
     assert not passthrough.active
     assert not passthrough.opened(2, "/b", FileInfo(), backing_fd=10)
+
+
+def test_a_writer_waits_for_releases_still_on_their_way(
+    table: tuple[Passthrough, Kernel],
+) -> None:
+    passthrough, _ = table
+    assert passthrough.opened(1, "/a", FileInfo(), backing_fd=10)
+    assert passthrough.held("/a", wait=0.05)  # a reader that keeps it open: still held
+    late = threading.Timer(0.1, passthrough.released, args=(1,))
+    late.start()
+    try:
+        assert not passthrough.held("/a", wait=5.0)  # the release arrived while it waited
+    finally:
+        late.join()

@@ -344,8 +344,9 @@ class MountOperations:
 
     def _refuse_if_passed_through(self, path: str) -> None:
         """ETXTBSY for a writer while readers of ``path`` read it through passthrough (the
-        kernel would refuse an open the mount serves; see ``passthrough``)."""
-        if self.passthrough.held(path):
+        kernel would refuse an open the mount serves; see ``passthrough``). Releases of
+        readers that have closed it are waited for (``RELEASE_WAIT``)."""
+        if self.passthrough.held(path, wait=RELEASE_WAIT):
             raise FuseError(errno.ETXTBSY)
 
     @answers_errno

@@ -56,6 +56,7 @@ class Passthrough:
         self._refs: dict[int, int] = {}  # backing id -> opens using it
         self._passed = 0  # opens that used passthrough
         self._lock = threading.Lock()
+        self._released = threading.Condition(self._lock)
 
     def counters(self) -> dict[str, int]:
         with self._lock:
@@ -76,10 +77,15 @@ class Passthrough:
         conn.max_backing_stack_depth = 0  # tier files on a plain filesystem
         self.active = True
 
-    def held(self, path: str) -> bool:
-        """Whether an open of ``path`` uses passthrough now (a writer must wait)."""
+    def held(self, path: str, wait: float = 0.0) -> bool:
+        """Whether an open of ``path`` uses passthrough, after waiting up to ``wait`` seconds
+        for its releases: the kernel sends them after ``close(2)`` returns, so a writer that
+        follows a reader's last close may arrive first."""
         with self._lock:
-            return any(o.path == path and o.backing_id for o in self._opens.values())
+            return not self._released.wait_for(lambda: not self._holds(path), wait)
+
+    def _holds(self, path: str) -> bool:
+        return any(o.path == path and o.backing_id for o in self._opens.values())
 
     def opened(self, number: int, path: str, fi: Any, backing_fd: int | None) -> bool:
         """Record open ``number`` of ``path``; with passthrough (True) if the file is held by
@@ -106,6 +112,7 @@ class Passthrough:
             found = self._opens.pop(number, None)
             if found is None or not found.backing_id:
                 return
+            self._released.notify_all()
             left = self._refs[found.backing_id] - 1
             if left:
                 self._refs[found.backing_id] = left
@@ -123,6 +130,7 @@ class Passthrough:
             for o in self._opens.values():
                 if o.path is not None and _under(o.path, old):
                     o.path = new + o.path[len(old) :]
+            self._released.notify_all()
 
     def gone(self, path: str) -> None:
         """``path`` was unlinked: its open files keep their io mode, the name does not."""
@@ -130,6 +138,7 @@ class Passthrough:
             for o in self._opens.values():
                 if o.path == path:
                     o.path = None
+            self._released.notify_all()
 
     def _backing_open(self, fd: int) -> int:
         """A backing id for ``fd`` (0 if the kernel refuses: passthrough is then turned off)."""
