@@ -56,6 +56,17 @@ def _warm(cli: Cli, mnt: Path, name: str, body: bytes) -> dict[str, Any]:
     return _counters(cli, mnt, lambda c: c["bytes_read"] >= len(body))
 
 
+def _mounted_warm(
+    s3_client: Any, bucket: str, cli: Cli, mount: Callable[..., Path], size: int, *flags: str
+) -> tuple[Path, bytes, dict[str, Any]]:
+    """A mount of ``p/`` holding ``a.bin`` (``size`` random bytes) read once, so in the tier;
+    the mountpoint, the bytes and the counters after that read."""
+    body = os.urandom(size)
+    s3_client.put_object(Bucket=bucket, Key="p/a.bin", Body=body)
+    mnt = mount(f"s3://{bucket}/p", *flags)  # read-write, the default consistency
+    return mnt, body, _warm(cli, mnt, "a.bin", body)
+
+
 def _dropped_read(path: Path) -> bytes:
     """The file's bytes, read after dropping the pages the kernel holds of the open file."""
     with path.open("rb") as f:
@@ -66,10 +77,7 @@ def _dropped_read(path: Path) -> bytes:
 def test_a_warm_read_only_open_is_read_by_the_kernel_not_the_mount(
     bucket: str, s3_client: Any, cli: Cli, mount: Callable[..., Path]
 ) -> None:
-    body = os.urandom(4 * MiB)
-    s3_client.put_object(Bucket=bucket, Key="p/a.bin", Body=body)
-    mnt = mount(f"s3://{bucket}/p")  # read-write, the default consistency
-    before = _warm(cli, mnt, "a.bin", body)
+    mnt, body, before = _mounted_warm(s3_client, bucket, cli, mount, 4 * MiB)
     assert _dropped_read(mnt / "a.bin") == body
     with (mnt / "a.bin").open("rb") as f:  # a read-only mapping reads the tier file too
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -86,10 +94,7 @@ def test_a_warm_read_only_open_is_read_by_the_kernel_not_the_mount(
 def test_without_passthrough_the_mount_serves_every_read(
     bucket: str, s3_client: Any, cli: Cli, mount: Callable[..., Path]
 ) -> None:
-    body = os.urandom(2 * MiB)
-    s3_client.put_object(Bucket=bucket, Key="p/a.bin", Body=body)
-    mnt = mount(f"s3://{bucket}/p", "--no-passthrough")
-    before = _warm(cli, mnt, "a.bin", body)
+    mnt, body, before = _mounted_warm(s3_client, bucket, cli, mount, 2 * MiB, "--no-passthrough")
     assert _dropped_read(mnt / "a.bin") == body
     after = _counters(cli, mnt, lambda c: c["bytes_read"] >= before["bytes_read"] + len(body))
     assert after["passthrough_opens"] == 0
@@ -98,10 +103,7 @@ def test_without_passthrough_the_mount_serves_every_read(
 def test_a_writer_is_refused_while_passthrough_readers_hold_the_file_then_writes(
     bucket: str, s3_client: Any, cli: Cli, mount: Callable[..., Path]
 ) -> None:
-    body = os.urandom(1 * MiB)
-    s3_client.put_object(Bucket=bucket, Key="p/a.bin", Body=body)
-    mnt = mount(f"s3://{bucket}/p")
-    _warm(cli, mnt, "a.bin", body)
+    mnt, body, _ = _mounted_warm(s3_client, bucket, cli, mount, 1 * MiB)
     with (mnt / "a.bin").open("rb") as first, (mnt / "a.bin").open("rb") as second:
         assert first.read() == body and second.read() == body  # the second joins the first
         for flags in (os.O_WRONLY, os.O_RDWR, os.O_WRONLY | os.O_TRUNC):
@@ -120,10 +122,7 @@ def test_a_writer_is_refused_while_passthrough_readers_hold_the_file_then_writes
 def test_a_file_open_for_writing_is_read_through_the_mount_not_passed_through(
     bucket: str, s3_client: Any, cli: Cli, mount: Callable[..., Path]
 ) -> None:
-    body = os.urandom(1 * MiB)
-    s3_client.put_object(Bucket=bucket, Key="p/a.bin", Body=body)
-    mnt = mount(f"s3://{bucket}/p")
-    _warm(cli, mnt, "a.bin", body)
+    mnt, body, _ = _mounted_warm(s3_client, bucket, cli, mount, 1 * MiB)
     with (mnt / "a.bin").open("r+b") as writer:
         writer.write(b"new bytes")
         writer.flush()
@@ -139,10 +138,8 @@ def test_a_file_open_for_writing_is_read_through_the_mount_not_passed_through(
 def test_a_renamed_open_file_keeps_its_passthrough_and_a_new_file_at_its_name_does_not(
     bucket: str, s3_client: Any, cli: Cli, mount: Callable[..., Path]
 ) -> None:
-    body, other = os.urandom(1 * MiB), os.urandom(1 * MiB)
-    s3_client.put_object(Bucket=bucket, Key="p/a.bin", Body=body)
-    mnt = mount(f"s3://{bucket}/p")
-    _warm(cli, mnt, "a.bin", body)
+    mnt, body, _ = _mounted_warm(s3_client, bucket, cli, mount, 1 * MiB)
+    other = os.urandom(1 * MiB)
     with (mnt / "a.bin").open("rb") as reader:
         os.rename(mnt / "a.bin", mnt / "b.bin")
         (mnt / "a.bin").write_bytes(other)  # a new file at the old name: not held by the reader
@@ -157,10 +154,7 @@ def test_a_renamed_open_file_keeps_its_passthrough_and_a_new_file_at_its_name_do
 def test_a_write_right_after_a_passthrough_reader_closed_is_not_refused(
     bucket: str, s3_client: Any, cli: Cli, mount: Callable[..., Path]
 ) -> None:
-    body = os.urandom(256 * 1024)
-    s3_client.put_object(Bucket=bucket, Key="p/a.bin", Body=body)
-    mnt = mount(f"s3://{bucket}/p")
-    _warm(cli, mnt, "a.bin", body)
+    mnt, body, _ = _mounted_warm(s3_client, bucket, cli, mount, 256 * 1024)
     for round_ in range(10):  # read, then write at once: the reader's release may lag its close
         assert (mnt / "a.bin").read_bytes() == body
         body = os.urandom(256 * 1024)
