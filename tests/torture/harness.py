@@ -125,7 +125,7 @@ class Harness:
         self.client.create_bucket(Bucket=bucket)
         ctx = multiprocessing.get_context("spawn")
         os.makedirs(os.path.join(workdir, "logs"), exist_ok=True)
-        pool = Pool(ctx, store.as_dict(), os.path.join(workdir, "logs"))
+        pool = Pool(ctx, store.endpoint_only(), os.path.join(workdir, "logs"))
         self.env = Env(pool=pool, store=store, bucket=bucket, workdir=workdir, big=options.big)
         self.previous: tuple[Round, dict[str, str]] | None = None
         self.kept = 0

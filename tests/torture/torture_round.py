@@ -29,13 +29,9 @@ class Store(S3Endpoint):
 
     server: Any = None
 
-    def as_dict(self) -> dict[str, str]:
-        return {
-            "endpoint": self.endpoint,
-            "key": self.key,
-            "secret": self.secret,
-            "region": self.region,
-        }
+    def endpoint_only(self) -> S3Endpoint:
+        """The endpoint without the server handle: what the worker processes are sent."""
+        return S3Endpoint(self.endpoint, self.key, self.secret, self.region)
 
 
 @dataclass

@@ -32,6 +32,8 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any
 
+from s3server import S3Endpoint
+
 MAGIC = b"TCTORTURE1"
 _command_ids = itertools.count(1)
 ABSENT = "<absent>"
@@ -72,7 +74,7 @@ def _describe(exc: BaseException) -> str:
 class _Worker:
     """The child side: one filesystem (per round) and the steps run on it."""
 
-    def __init__(self, conn: Connection, name: str, store: dict[str, str]) -> None:
+    def __init__(self, conn: Connection, name: str, store: S3Endpoint) -> None:
         self.conn = conn
         self.name = name
         self.store = store  # the real server: boto3 reads the truth from it, never a proxy
@@ -88,13 +90,8 @@ class _Worker:
     def build(self, local_dir: str, endpoint: str, **options: Any) -> Any:
         from tiercache import TierCacheFileSystem
 
-        target = {
-            "endpoint_url": endpoint,
-            "key": self.store["key"],
-            "secret": self.store["secret"],
-        }
         return TierCacheFileSystem(
-            target_options=target,
+            target_options={**self.store.target_options(), "endpoint_url": endpoint},
             local_dir=local_dir,
             skip_instance_cache=True,
             retries=2,
@@ -110,18 +107,9 @@ class _Worker:
 
     def stored(self, path: str) -> str:
         """What the store holds at ``path`` right now, read with boto3 from the real server."""
-        import boto3
-        from botocore.config import Config
-
         if self._s3 is None:
-            config = Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 1})
-            self._s3 = boto3.client(
-                "s3",
-                endpoint_url=self.store["endpoint"],
-                aws_access_key_id=self.store["key"],
-                aws_secret_access_key=self.store["secret"],
-                region_name=self.store["region"],
-                config=config,
+            self._s3 = self.store.client(
+                connect_timeout=2, read_timeout=5, retries={"max_attempts": 1}
             )
         bucket, _, key = path.partition("/")
         try:
@@ -477,7 +465,7 @@ def _sleep_until(at: float | None) -> None:
         pass
 
 
-def worker_main(conn: Connection, name: str, store: dict[str, str], log_path: str) -> None:
+def worker_main(conn: Connection, name: str, store: S3Endpoint, log_path: str) -> None:
     """The child's loop: one command at a time, each answered by ``("end", id, error)``."""
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 2)
@@ -533,7 +521,7 @@ class Pool:
 
     RECYCLE_AFTER = 40  # rounds: each one's uploader threads stay behind, idle
 
-    def __init__(self, ctx: SpawnContext, store: dict[str, str], log_dir: str) -> None:
+    def __init__(self, ctx: SpawnContext, store: S3Endpoint, log_dir: str) -> None:
         self._ctx = ctx
         self._store = store
         self._log_dir = log_dir
