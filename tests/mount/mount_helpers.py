@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,21 @@ def mount_entry(report: Any, mountpoint: Path | str) -> Any:
     entries = [m for m in report["mounts"] if m["mountpoint"] == str(mountpoint)]
     assert len(entries) <= 1, report["mounts"]
     return entries[0] if entries else None
+
+
+def mount_counters(
+    cli: Cli, mountpoint: Path, ready: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """The mount's counters (``tiercache stats``) once ``ready`` holds for them; they are
+    published about once a second."""
+    deadline = time.monotonic() + 20
+    while True:
+        entry = mount_entry(cli.json("stats"), mountpoint)
+        counters = entry["stats"] if entry else None
+        if counters and ready(counters):
+            return dict(counters)
+        assert time.monotonic() < deadline, counters
+        time.sleep(0.2)
 
 
 def mounted(mountpoint: str) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mount_helpers import Cli, mount_entry, requires_fuse
+from mount_helpers import Cli, mount_counters, requires_fuse
 
 from tiercache.mount.library import built_libfuse
 
@@ -38,22 +38,10 @@ pytestmark = [
 ]
 
 
-def _counters(cli: Cli, mnt: Path, ready: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-    """The mount's counters once ``ready`` holds for them (they are published about 1/s)."""
-    deadline = time.monotonic() + 20
-    while True:
-        entry = mount_entry(cli.json("stats"), mnt)
-        counters = entry["stats"] if entry else None
-        if counters and ready(counters):
-            return dict(counters)
-        assert time.monotonic() < deadline, counters
-        time.sleep(0.2)
-
-
 def _warm(cli: Cli, mnt: Path, name: str, body: bytes) -> dict[str, Any]:
     """Read ``name`` once through the mount (it lands in the tier); the counters after it."""
     assert (mnt / name).read_bytes() == body
-    return _counters(cli, mnt, lambda c: c["bytes_read"] >= len(body))
+    return mount_counters(cli, mnt, lambda c: c["bytes_read"] >= len(body))
 
 
 def _mounted_warm(
@@ -85,7 +73,7 @@ def test_a_warm_read_only_open_is_read_by_the_kernel_not_the_mount(
             assert mapped[-4096:] == body[-4096:]
         finally:
             mapped.close()
-    after = _counters(cli, mnt, lambda c: c["passthrough_opens"] >= 2)
+    after = mount_counters(cli, mnt, lambda c: c["passthrough_opens"] >= 2)
     # Dropping the open file's pages made no read reach the mount: the kernel read the tier
     # file. Served by the mount, the second read would have read the 4 MiB again.
     assert after["bytes_read"] == before["bytes_read"]
@@ -96,7 +84,7 @@ def test_without_passthrough_the_mount_serves_every_read(
 ) -> None:
     mnt, body, before = _mounted_warm(s3_client, bucket, cli, mount, 2 * MiB, "--no-passthrough")
     assert _dropped_read(mnt / "a.bin") == body
-    after = _counters(cli, mnt, lambda c: c["bytes_read"] >= before["bytes_read"] + len(body))
+    after = mount_counters(cli, mnt, lambda c: c["bytes_read"] >= before["bytes_read"] + len(body))
     assert after["passthrough_opens"] == 0
 
 
@@ -129,10 +117,10 @@ def test_a_file_open_for_writing_is_read_through_the_mount_not_passed_through(
         with (mnt / "a.bin").open("rb") as reader:  # sees what the writer wrote
             assert reader.read() == b"new bytes" + body[9:]
     time.sleep(2.5)  # two publications of the counters
-    assert _counters(cli, mnt, lambda c: True)["passthrough_opens"] == 0  # the mount served
+    assert mount_counters(cli, mnt, lambda c: True)["passthrough_opens"] == 0  # the mount served
     # Committed at the writer's close and in the tier: the next open is passed through.
     assert (mnt / "a.bin").read_bytes() == b"new bytes" + body[9:]
-    _counters(cli, mnt, lambda c: c["passthrough_opens"] == 1)
+    mount_counters(cli, mnt, lambda c: c["passthrough_opens"] == 1)
 
 
 def test_a_renamed_open_file_keeps_its_passthrough_and_a_new_file_at_its_name_does_not(

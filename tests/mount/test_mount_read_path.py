@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mount_helpers import Cli, mount_entry, requires_fuse
+from mount_helpers import Cli, mount_counters, requires_fuse
 
 from tiercache.mount.binding import READ_AHEAD_KB
 
@@ -26,14 +26,7 @@ def _cached(cli: Cli, url: str) -> bool:
 
 def _mount_counters(cli: Cli, mnt: Path, least_read: int) -> dict[str, Any]:
     """The mount's counters once they show at least ``least_read`` bytes read (published ~1/s)."""
-    deadline = time.monotonic() + 20
-    while True:
-        entry = mount_entry(cli.json("stats"), mnt)
-        counters = entry["stats"] if entry else None
-        if counters and counters["bytes_read"] >= least_read:
-            return dict(counters)
-        assert time.monotonic() < deadline, counters
-        time.sleep(0.2)
+    return mount_counters(cli, mnt, lambda counters: counters["bytes_read"] >= least_read)
 
 
 def _settled_counters(cli: Cli, mnt: Path, least_read: int) -> dict[str, Any]:
