@@ -22,9 +22,13 @@ from typing import Any
 
 import pytest
 
+import tiercache
 from tiercache import TierCacheFileSystem
 
 ROOT = Path(__file__).resolve().parent.parent
+if os.environ.get("TIERCACHE_TEST_INSTALLED") and ROOT in Path(tiercache.__file__).parents:
+    # scripts/test-installed.sh runs the tests against the installed wheel, never the checkout.
+    raise RuntimeError(f"tiercache was imported from the checkout ({tiercache.__file__})")
 # Tests flush explicitly; an upload a test leaves pending must not hold the run at exit.
 os.environ.setdefault("TIERCACHE_EXIT_FLUSH_TIMEOUT", "2")
 sys.path.insert(0, str(ROOT / "scripts"))
