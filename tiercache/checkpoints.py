@@ -54,7 +54,8 @@ class CheckpointRegistry:
 
     def newest(self) -> tuple[str, ...]:
         """Source prefixes of the newest ``keep`` checkpoints (re-read at most once a second)."""
-        stamp, prefixes = self._cached
+        cached = self._cached
+        stamp, prefixes = cached
         if self._keep == 0 or time.monotonic() - stamp < 1.0:
             return prefixes
         found = []
@@ -67,7 +68,8 @@ class CheckpointRegistry:
                 continue  # a torn or foreign file protects nothing
         found.sort(reverse=True)
         prefixes = tuple(source for _, source in found[: self._keep])
-        self._cached = (time.monotonic(), prefixes)
+        if self._cached is cached:  # a commit recorded meanwhile may be missing from this read
+            self._cached = (time.monotonic(), prefixes)
         return prefixes
 
     def keeps(self, meta: EntryMeta) -> bool:

@@ -479,10 +479,12 @@ class Uploader:
         return info
 
     def _landed(self, record: Record, info: ObjectInfo) -> None:
+        if posixpath.basename(record.key) == self._config.commit_marker:
+            # The marker is in the store: recorded before its journal record goes, so that a
+            # flush that returns finds the checkpoint among the newest (retention keeps it).
+            self._checkpoints.committed(record.bucket, posixpath.dirname(record.key))
         if not self._state.uploaded(record, info):
             self.submit(record.entry_id)  # superseded meanwhile: the newer version goes next
-        elif posixpath.basename(record.key) == self._config.commit_marker:
-            self._checkpoints.committed(record.bucket, posixpath.dirname(record.key))
         self._stats.add("uploads")
         self._stats.add("bytes_uploaded", record.size)
         self._requeue_deferred()
