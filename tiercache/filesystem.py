@@ -2,7 +2,7 @@
 
 It owns the pieces and wires them together; the data paths live in ``read`` (reads),
 ``write_behind``/``write_through`` (writes), ``tiers`` and ``store``. Listings and metadata
-come from the store, kept per consistency mode by ``metadata_cache`` and merged with pending
+come from the store, kept per consistency mode by ``metadata`` and merged with pending
 writes; object bytes come through the local tier. One class has both of fsspec's faces: the
 blocking methods, and their coroutine twins (``_cat_file``, ``_info``, ``open_async`` …) for
 ``asynchronous=True`` callers.
@@ -27,7 +27,8 @@ from fsspec.utils import stringify_path
 from tiercache.async_face import ASYNC_THREADS, AsyncFace
 from tiercache.config import TierCacheConfig
 from tiercache.errors import ConfigError, ObjectNotFoundError, TierFullError
-from tiercache.listing import (
+from tiercache.metadata.cache import KnownInfo
+from tiercache.metadata.rows import (
     add_parent_dirs,
     directory_row,
     file_row,
@@ -35,7 +36,6 @@ from tiercache.listing import (
     pending_rows,
     store_rows,
 )
-from tiercache.metadata_cache import KnownInfo, MetadataCache
 from tiercache.prefetch import Budget, PrefetchHandle, ReadAhead
 from tiercache.prefetch.targets import check_tier, expand
 from tiercache.read.files import DirectFile, SeekableReader
@@ -121,15 +121,7 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         self.tier = runtime.tier
         self.read_path = runtime.read_path
         self._stats = runtime.stats
-        self._meta = MetadataCache(
-            self.tier.root,
-            self.store.namespace,
-            config.consistency,
-            config.ttl,
-            file_mode=self.tier.file_mode,
-            dir_mode=self.tier.dir_mode,
-            lock_timeout=config.lock_timeout,
-        )
+        self._meta = runtime.metadata
         self._start_pool(async_threads)
 
     def __repr__(self) -> str:
@@ -222,6 +214,18 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
             f"mode {mode!r} is not supported: use 'rb' or 'wb' (objects have no append)"
         )
 
+    def cat(
+        self, path: Any, recursive: bool = False, on_error: str = "raise", **kwargs: Any
+    ) -> Any:
+        """fsspec's ``cat``; the objects of a list, a glob or a prefix are fetched ahead of the
+        loop that reads them (a read-ahead order), as many at once as the link pays for."""
+        paths = self.expand_path(path, recursive=recursive, **kwargs)
+        if len(paths) < 2:
+            return super().cat(path, recursive=recursive, on_error=on_error, **kwargs)
+        kwargs.pop("maxdepth", None)  # the paths are expanded: what is left is cat_file's
+        with self.read_ahead(paths, k=len(paths)):
+            return super().cat(paths, on_error=on_error, **kwargs)
+
     def _staged_file(
         self,
         bucket: str,
@@ -269,7 +273,7 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
             return directory_row(bucket)
         entry = self.read_path.cached(bucket, key)
         if entry is not None and (
-            entry.meta.state == "dirty" or (use_cache and self._trusted(entry))
+            entry.meta.state == "dirty" or (use_cache and self._trusted(entry, bucket, key))
         ):
             meta = entry.meta
             info = ObjectInfo(bucket, key, meta.size, meta.etag, meta.last_modified)
@@ -286,12 +290,14 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
             raise missing
         raise self._known_missing_error(bucket, key, known)
 
-    def _trusted(self, entry: CachedEntry) -> bool:
-        """Whether a clean tier entry's size, ETag and mtime answer ``info`` without a HEAD."""
-        meta = entry.meta
+    def _trusted(self, entry: CachedEntry, bucket: str, key: str) -> bool:
+        """Whether a clean tier entry's size, ETag and mtime answer ``info`` without a HEAD:
+        fresh, or vouched for by a fresh listing of its prefix."""
         if self.config.consistency == "immutable":
             return True
-        return meta.last_modified is not None and self._meta.is_fresh(meta.validated_at)
+        return entry.meta.last_modified is not None and self.read_path.vouched_for(
+            entry, bucket, key
+        )
 
     def _ask_store(
         self, bucket: str, key: str, skip_head: bool

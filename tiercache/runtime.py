@@ -15,6 +15,8 @@ from typing import Any
 
 from tiercache.checkpoints import CheckpointRegistry
 from tiercache.config import TierCacheConfig, fetch_streams, upload_parts
+from tiercache.metadata.cache import MetadataCache
+from tiercache.metadata.revalidate import ListingRevalidator
 from tiercache.prefetch.engine import PrefetchEngine
 from tiercache.read.path import ReadPath
 from tiercache.stats import Stats
@@ -39,6 +41,7 @@ class CacheRuntime:
     tier: LocalTier
     shared: SharedTier | None
     read_path: ReadPath
+    metadata: MetadataCache
     stats: Stats
     write_state: WriteState
     uploader: Uploader
@@ -87,17 +90,35 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
     uploader = Uploader(config, write_state, store, stats, checkpoints)
     if write_state.record_ids():
         uploader.start()  # finish what a crashed or exited process left in the journal
-    read_path = ReadPath(config, tier, store, stats, shared)
+    write_behind = WriteBehind(config, write_state, uploader, stats, store.namespace)
+    metadata = MetadataCache(
+        tier.root,
+        store.namespace,
+        config.consistency,
+        config.ttl,
+        file_mode=tier.file_mode,
+        dir_mode=tier.dir_mode,
+        lock_timeout=config.lock_timeout,
+    )
+    revalidator = ListingRevalidator(
+        store,
+        metadata,
+        metadata.freshness,
+        stats,
+        pending_under=lambda bucket, prefix: bool(write_behind.pending(f"{bucket}/{prefix}")),
+    )
+    read_path = ReadPath(config, tier, store, stats, shared, revalidator)
     return CacheRuntime(
         config=config,
         store=store,
         tier=tier,
         shared=shared,
         read_path=read_path,
+        metadata=metadata,
         stats=stats,
         write_state=write_state,
         uploader=uploader,
-        write_behind=WriteBehind(config, write_state, uploader, stats, store.namespace),
+        write_behind=write_behind,
         write_through=WriteThrough(store, write_state, stats),
         prefetch=PrefetchEngine(config, read_path, tier, store, stats),
     )

@@ -13,6 +13,7 @@ COUNTERS = (
     "promotions",
     "misses",
     "revalidations",
+    "revalidation_listings",
     "invalidations",
     "corrupt_entries",
     "verify_checks",

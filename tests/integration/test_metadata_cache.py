@@ -43,7 +43,7 @@ def _ask_all(fs: TierCacheFileSystem, path: str) -> None:
     assert fs.size(path) == 5
 
 
-def test_ttl_serves_info_of_a_cached_object_without_a_head_until_the_ttl_passes(
+def test_ttl_serves_info_of_a_cached_object_unasked_until_the_ttl_passes_then_lists(
     counted_fs: Build, proxy: FaultProxy, s3_client: Any, bucket: str
 ) -> None:
     s3_client.put_object(Bucket=bucket, Key="k", Body=b"hello")
@@ -53,9 +53,14 @@ def test_ttl_serves_info_of_a_cached_object_without_a_head_until_the_ttl_passes(
     for _ in range(3):
         _ask_all(fs, f"{bucket}/k")
     assert proxy.count("HEAD") == 0
+    before = proxy.count()
     time.sleep(TTL + 0.1)
     _ask_all(fs, f"{bucket}/k")
-    assert proxy.count("HEAD") == 1  # past the ttl: asked again, then kept again
+    # Past the ttl: asked again, by one LIST of its prefix (which vouches for every cached
+    # object below it), then kept again.
+    assert proxy.count("HEAD") == 0
+    assert proxy.count() - before == 1
+    assert proxy.count("GET", path_contains="list-type=2") == 1
 
 
 def test_ttl_keeps_the_head_of_an_object_not_in_the_tier(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tiercache.metadata_cache import KnownInfo, MetadataCache
+from tiercache.metadata.cache import KnownInfo, MetadataCache
 
 NS = "http://store.example:9000"
 ROW = {"name": "b/d/a", "type": "file", "size": 3, "ETag": '"e"', "mtime": 1.0}

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tiercache import forksafe
+from tiercache.metadata.freshness import Freshness
 from tiercache.tiers.entry import install, prepare_file
 from tiercache.tiers.local import LocalTier, remove_file
 from tiercache.tiers.locks import lock, unlock
@@ -123,6 +124,7 @@ class MetadataCache:
         self._dir_mode = dir_mode
         self._lock_timeout = lock_timeout
         self._clock = clock
+        self.freshness = Freshness(consistency, ttl, clock)
         os.makedirs(self.dir, mode=dir_mode, exist_ok=True)
         if os.path.islink(self.dir):
             raise PermissionError(13, "the metadata directory is a symlink", self.dir)
@@ -148,9 +150,7 @@ class MetadataCache:
 
     def is_fresh(self, asked_at: float) -> bool:
         """Whether an answer the store gave at ``asked_at`` may still be served."""
-        if self._consistency == "immutable":
-            return True
-        return self._consistency == "ttl" and self._clock() - asked_at < self._ttl
+        return self.freshness.holds(asked_at)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -262,6 +262,16 @@ class MetadataCache:
             remove_file(tmp)
 
     # -- invalidation ------------------------------------------------------------------------
+
+    def invalidated_since(self, bucket: str, prefix: str, asked_at: float) -> bool:
+        """Whether a write on this host may have changed the listing of ``prefix`` since the
+        store was asked at ``asked_at`` (for listings kept elsewhere than in this cache)."""
+        stamp = os.path.join(self._shard(self._id(bucket, prefix)[:2]), _STAMP)
+        try:
+            changed = os.stat(stamp).st_mtime_ns
+        except FileNotFoundError:
+            return False  # born with the first invalidation of its shard
+        return changed >= int(asked_at * 1e9) - 1000
 
     def invalidate(self, bucket: str, keys: Iterable[str]) -> None:
         """This host changed ``keys`` (wrote, deleted, renamed, copied onto them): forget each

@@ -29,6 +29,8 @@ from tiercache.errors import (
     ObjectNotFoundError,
     TierFullError,
 )
+from tiercache.metadata.freshness import Freshness
+from tiercache.metadata.revalidate import ListingRevalidator
 from tiercache.promote import promote
 from tiercache.read.blocks import BlockFetcher, BlockSource
 from tiercache.read.fetch import BlockModeRequiredError, Fetch, FetchRequest
@@ -65,8 +67,11 @@ class ReadPath:
         store: ObjectStore,
         stats: Stats,
         shared: SharedTier | None = None,
+        revalidator: ListingRevalidator | None = None,
     ) -> None:
         self._config = config
+        self._freshness = Freshness(config.consistency, config.ttl)
+        self._revalidator = revalidator
         self._tier = tier
         self._shared = shared
         self._fill_tier: LocalTier = shared or tier
@@ -178,16 +183,12 @@ class ReadPath:
         )
         if meta is None:
             return None
-        mode = self._config.consistency
-        fresh = mode == "immutable" or (
-            mode == "ttl" and time.time() - meta.validated_at < self._config.ttl
-        )
-        if not fresh:
-            current = self._store.head(bucket, key)
-            if (current.etag, current.size) != (meta.etag, meta.size):
-                self._stats.add("invalidations")
-                self._tier.invalidate(entry_id, self._config.lock_timeout)
-                return None
+        fresh = self._freshness.holds(meta.validated_at)
+        if not fresh and (
+            self._vouched(bucket, key, meta.etag, meta.size, self._tier, entry_id) == "changed"
+        ):
+            self._drop_id(self._tier, entry_id)
+            return None
         self._stats.add("hits")
         return self.open_blocks(ObjectInfo(bucket, key, meta.size, meta.etag, meta.last_modified))
 
@@ -203,13 +204,17 @@ class ReadPath:
         )
         return OpenedObject(-1, info.size, info.etag, None, blocks=entry)
 
-    def warm(self, bucket: str, key: str, local: bool = True) -> Fetch | None:
+    def warm(
+        self, bucket: str, key: str, local: bool = True, limit: int | None = None
+    ) -> Fetch | None:
         """Bring an object into the tiers without reading it (prefetch).
 
         Returns None when a valid entry is already in the local tier (or in the shared tier,
         promoted from there per ``shared_policy``), else the fetch that brings it: the one
         already running in this process for the object (joined), or a new one. With
         ``local=False`` only the shared tier is filled (the object is not copied locally).
+        A new fetch of an object larger than ``limit`` bytes stops at the GET's first reply
+        (``BlockModeRequiredError``, which carries the size): no HEAD is needed to ask first.
         """
         if local and self._usable(self._tier, bucket, key) is not None:
             return None
@@ -219,7 +224,7 @@ class ReadPath:
                     return None
             elif self._usable(self._shared, bucket, key) is not None:
                 return None
-        return self._join_or_start(bucket, key, promote=local)
+        return self._join_or_start(bucket, key, promote=local, limit=limit)
 
     def _usable(self, tier: LocalTier, bucket: str, key: str) -> CachedEntry | None:
         """The tier's entry of the object, checked (digest, per ``verify``) and validated."""
@@ -353,33 +358,64 @@ class ReadPath:
     def _validate(
         self, tier: LocalTier, entry: CachedEntry, bucket: str, key: str
     ) -> CachedEntry | None:
-        mode = self._config.consistency
-        now = time.time()
-        if entry.meta.state == "dirty":
+        """The entry if the store still holds its bytes (None: it changed, and is dropped);
+        raises ``ObjectNotFoundError`` (the entry dropped) if the object is gone."""
+        meta = entry.meta
+        if meta.state == "dirty":
             return entry  # our own write, not yet in the store: the store cannot judge it
-        if mode == "immutable" or (
-            mode == "ttl" and now - entry.meta.validated_at < self._config.ttl
-        ):
+        if self._freshness.holds(meta.validated_at):
             return entry
+        vouched = self._vouched(bucket, key, meta.etag, meta.size, tier, entry.entry_id)
+        if vouched == "changed":
+            self._drop(tier, entry)
+            return None
+        if vouched == "by_head" and self._config.consistency == "ttl":
+            # A listing vouches for as long as it is fresh itself: no stamp to write then.
+            return tier.replace_meta(entry, replace(meta, validated_at=time.time()))
+        return entry
+
+    def vouched_for(self, entry: CachedEntry, bucket: str, key: str) -> bool:
+        """Whether a clean entry may be served unasked: fresh, or its ETag and size shown by a
+        fresh listing of its prefix (listed now if none is known). Drops nothing."""
+        if self._freshness.holds(entry.meta.validated_at):
+            return True
+        listed = None if self._revalidator is None else self._revalidator.listed(bucket, key)
+        return listed is not None and listed.vouches_for(entry.meta.etag, entry.meta.size)
+
+    def _vouched(
+        self, bucket: str, key: str, etag: str, size: int, tier: LocalTier, entry_id: str
+    ) -> str:
+        """Whether the store still holds the object with this ETag and size, per a fresh
+        listing of its prefix (``ttl`` mode: one LIST for every object below it) or else a
+        HEAD: ``by_listing``, ``by_head`` or ``changed``. Raises ``ObjectNotFoundError``,
+        the entry dropped, if the object is gone."""
+        listed = None if self._revalidator is None else self._revalidator.listed(bucket, key)
+        if listed is not None:
+            if not listed.exists:
+                self._drop_id(tier, entry_id)
+                raise ObjectNotFoundError(
+                    2, "no such object (per a listing of its prefix)", source_url(bucket, key)
+                )
+            self._stats.add("revalidations")
+            return "by_listing" if listed.vouches_for(etag, size) else "changed"
+        now = time.time()
         try:
             current = self._store.head(bucket, key)
         except ObjectNotFoundError:
-            self._drop(tier, entry)
+            self._drop_id(tier, entry_id)
             raise
-        self._authorized[entry.entry_id] = now
+        self._authorized[entry_id] = now
+        self._stats.add("revalidations")
         # A size that differs from the HEAD's Content-Length means a damaged copy, whatever
         # its ETag says.
-        if (current.etag, current.size) == (entry.meta.etag, entry.meta.size):
-            self._stats.add("revalidations")
-            if mode == "ttl":
-                return tier.replace_meta(entry, replace(entry.meta, validated_at=now))
-            return entry
-        self._drop(tier, entry)
-        return None
+        return "by_head" if (current.etag, current.size) == (etag, size) else "changed"
 
     def _drop(self, tier: LocalTier, entry: CachedEntry) -> None:
+        self._drop_id(tier, entry.entry_id)
+
+    def _drop_id(self, tier: LocalTier, entry_id: str) -> None:
         self._stats.add("invalidations")
-        tier.invalidate(entry.entry_id, self._config.lock_timeout)
+        tier.invalidate(entry_id, self._config.lock_timeout)
 
     # -- fetching ----------------------------------------------------------------------------
 
@@ -445,12 +481,18 @@ class ReadPath:
         )
 
     def _join_or_start(
-        self, bucket: str, key: str, by_blocks: bool = False, promote: bool = True
+        self,
+        bucket: str,
+        key: str,
+        by_blocks: bool = False,
+        promote: bool = True,
+        limit: int | None = None,
     ) -> Fetch:
         """Join this process's fetch of the object, or start one.
 
         ``by_blocks``: a reader asks, so a huge object stops the fetch at its first response
-        and is read block by block instead; a prefetch (``warm``) fetches it whole.
+        and is read block by block instead; a prefetch (``warm``) fetches it whole, unless it
+        is larger than ``limit``.
         """
         source = source_url(bucket, key)
         entry_id = self.entry_id(bucket, key)
@@ -476,7 +518,11 @@ class ReadPath:
                     self._validate, self._fill_tier, bucket=bucket, key=key
                 ),
                 after_publish=self._promoter() if promote else None,
-                block_threshold=self._config.block_threshold if by_blocks else None,
+                block_threshold=(
+                    self._config.block_threshold
+                    if by_blocks
+                    else (None if limit is None else limit + 1)
+                ),
                 range_first_above=self._config.range_first_above if by_blocks else None,
             )
             fetch = Fetch(
