@@ -72,6 +72,13 @@ class AsyncFace(AsyncFileSystem):  # type: ignore[misc]
     async def _exists(self, path: str, **kwargs: Any) -> bool:
         return await self._run(self.exists, path)
 
+    async def _cat(
+        self, path: Any, recursive: bool = False, on_error: str = "raise", **kwargs: Any
+    ) -> Any:
+        # One read-ahead order (``cat``) fetches a list concurrently, sized by the link, where
+        # fsspec's would run one ``_cat_file`` per object in this pool's few threads.
+        return await self._run(self.cat, path, recursive=recursive, on_error=on_error, **kwargs)
+
     async def _cat_file(
         self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
     ) -> bytes:

@@ -18,6 +18,7 @@ import heapq
 import itertools
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Protocol
 
 from tiercache import forksafe
 from tiercache.config import TierCacheConfig
+from tiercache.prefetch.governor import FlightGovernor
 from tiercache.prefetch.handle import (
     CACHED,
     FAILED,
@@ -33,6 +35,7 @@ from tiercache.prefetch.handle import (
     SKIPPED,
     PrefetchHandle,
 )
+from tiercache.read.fetch import BlockModeRequiredError
 from tiercache.read.path import ReadPath
 from tiercache.stats import Stats
 from tiercache.store.base import ObjectStore
@@ -44,10 +47,13 @@ _IDLE_EXIT_SECONDS = 5.0
 # Prefetched objects released unread (cancel, close) are remembered, up to this many, to
 # count the ones evicted before a reader came (``prefetch_wasted``).
 _UNUSED_RECORDS = 4096
-# Objects in flight grow (``add_worker``) up to this many, or ``prefetch_workers`` if more.
-MAX_PREFETCH_WORKERS = 16
+# Objects in flight grow (``add_worker``) up to this many, or ``prefetch_workers`` if more:
+# enough for 128 KiB objects to fill a 100 MiB/s link 30 ms away (bandwidth x delay / size
+# is 24) with room for the time each spends in this process.
+MAX_PREFETCH_WORKERS = 64
 
 Target = tuple[str, str, "int | None"]  # bucket, key, size if known
+_NO_ROOM = "no room: larger than the prefetch window or tier"
 
 
 class OrderListener(Protocol):
@@ -79,7 +85,7 @@ class _Item:
     budgets: tuple[Budget, ...]
     rank: tuple[int, int]  # (-priority, arrival): the queue's order
     handles: list[PrefetchHandle] = field(default_factory=list)
-    state: str = "queued"  # queued → (resolving → queued) → running → pinned → gone
+    state: str = "queued"  # queued → running → pinned → gone
     read: bool = False  # a reader opened it while it was being fetched
     brought: bool = False  # its bytes came from the store through this item's fetch
     charged: int = 0
@@ -103,10 +109,9 @@ class PrefetchEngine:
         stats: Stats,
     ) -> None:
         self._workers = config.prefetch_workers
-        self._max_workers = max(config.prefetch_workers, MAX_PREFETCH_WORKERS)
+        self._governor = FlightGovernor(config.prefetch_workers, MAX_PREFETCH_WORKERS)
         self._read_path = read_path
         self._tier = tier
-        self._store = store
         self._stats = stats
         self.window = Budget(config.prefetch_window)
         self._reset()
@@ -121,7 +126,9 @@ class PrefetchEngine:
         self._listeners: dict[str, OrderListener] = {}  # path -> read-ahead order that contains it
         self._unused: OrderedDict[str, tuple[str, str, int]] = OrderedDict()
         self._running_threads = 0
-        self._busy = 0  # workers fetching or resolving an item
+        self._busy = 0  # workers fetching an item
+        self._sizes_seen = 0
+        self._typical_size = 0  # mean size of the objects whose size was learnt
         self.window.used = 0
 
     def after_fork(self) -> None:
@@ -217,7 +224,7 @@ class PrefetchEngine:
             if item is not None:
                 if item.state == "queued":
                     self._drop(item, READ_FIRST)
-                elif item.state in ("resolving", "running"):
+                elif item.state == "running":
                     item.read = True
                 elif item.state == "pinned":
                     release = item
@@ -262,16 +269,26 @@ class PrefetchEngine:
 
     # -- workers -----------------------------------------------------------------------------
 
+    @property
+    def workers(self) -> int:
+        """Objects this engine may have in flight now."""
+        return self._workers
+
     def add_worker(self) -> bool:
-        """One more object in flight, when a reader waited while every worker was busy (up to
-        ``MAX_PREFETCH_WORKERS``); False when that would not help."""
+        """More objects in flight, when a reader waited while every worker was busy: half as
+        many again while fetches do not queue (see ``FlightGovernor``), up to
+        ``MAX_PREFETCH_WORKERS``; False when that would not help."""
         with self._cond:
-            if self._workers >= self._max_workers or self._busy < self._workers:
+            if self._busy < self._workers:
                 return False
-            self._workers += 1
+        more = self._governor.grow()
+        if not more:
+            return False
+        with self._cond:
+            self._workers = self._governor.width
             self._start_workers()
             self._cond.notify_all()
-        self._stats.add("prefetch_workers_added")
+        self._stats.add("prefetch_workers_added", more)
         return True
 
     def _start_workers(self) -> None:
@@ -291,10 +308,7 @@ class PrefetchEngine:
                         return
                 self._busy += 1
             try:
-                if item.state == "resolving":
-                    self._resolve(item)
-                else:
-                    self._fetch(item)
+                self._fetch(item)
             finally:
                 with self._cond:
                     self._busy -= 1
@@ -310,69 +324,78 @@ class PrefetchEngine:
                 heapq.heappop(self._heap)
                 self._drop(item)
                 continue
-            if item.size is None:
+            # An object of unknown size (a list names no sizes) is not asked about first: its
+            # GET's reply says the size, and until then it holds the size typical so far.
+            size = self._typical_size if item.size is None else item.size
+            if any(size > b.limit - (b.used if b.sticky else 0) for b in item.budgets):
                 heapq.heappop(self._heap)
-                item.state = "resolving"
-                return item
-            if any(item.size > b.limit - (b.used if b.sticky else 0) for b in item.budgets):
-                heapq.heappop(self._heap)
-                self._drop(item, SKIPPED, "no room: larger than the prefetch window or tier")
+                self._drop(item, SKIPPED, _NO_ROOM)
                 continue
-            if not all(b.fits(item.size) for b in item.budgets if not b.sticky):
+            if not all(b.fits(size) for b in item.budgets if not b.sticky):
                 return None  # wait for readers to free room: never overtake this item
             heapq.heappop(self._heap)
             for budget in item.budgets:
-                budget.used += item.size
-            item.charged = item.size
+                budget.used += size
+            item.charged = size
             item.state = "running"
             return item
         return None
 
-    def _resolve(self, item: _Item) -> None:
-        """Learn an object's size (tier metadata, else a HEAD) before it may take room."""
-        try:
-            entry = self._read_path.cached(item.bucket, item.key)
-            size = entry.meta.size if entry else self._store.head(item.bucket, item.key).size
-        except Exception as exc:
-            with self._cond:
-                self._drop(item, FAILED, exc)
-                self._cond.notify_all()
-            return
+    def _room_for(self, item: _Item) -> int:
+        """The largest object ``item`` may bring, as for an object of known size: a window's
+        whole limit (a larger object could never fit), what a sticky budget has left."""
         with self._cond:
+            return min(
+                b.limit - b.used + item.charged if b.sticky else b.limit for b in item.budgets
+            )
+
+    def _learn_size(self, item: _Item, size: int) -> None:
+        """An object's size, learnt from its GET or its entry: charge that instead (hold the
+        lock)."""
+        if item.size is None:
             item.size = size
             for handle in item.handles:
                 handle.learn_size(size)
-            if self._items.get(item.path) is not item:
-                return  # cancelled meanwhile
-            if item.read:
-                self._drop(item, READ_FIRST)
-                return
-            item.state = "queued"
-            heapq.heappush(self._heap, (*item.rank, next(self._seq), item))  # back in its place
-            self._cond.notify_all()
+            self._sizes_seen += 1
+            self._typical_size += (size - self._typical_size) // self._sizes_seen
+        if item.charged and item.charged != size:
+            for budget in item.budgets:
+                budget.used += size - item.charged
+            item.charged = size
 
     def _fetch(self, item: _Item) -> None:
-        size = item.size or 0
-        outcome, error, fd = CACHED, None, -1
+        outcome, fd, size = CACHED, -1, item.size
+        error: BaseException | str | None = None
         try:
             joined = self._read_path.in_flight(item.bucket, item.key) is not None
-            fetch = self._read_path.warm(item.bucket, item.key, local=item.local)
-            if fetch is None and item.pin:
-                fd = self._pin_cached(item)
+            limit = None if item.size is not None else self._room_for(item)
+            fetch = self._read_path.warm(item.bucket, item.key, local=item.local, limit=limit)
+            if fetch is None:
+                fd, size = self._pin_cached(item)
                 if fd < 0:  # evicted between the check and the pin: fetch it after all
-                    fetch = self._read_path.warm(item.bucket, item.key, local=item.local)
+                    fetch = self._read_path.warm(item.bucket, item.key, item.local, limit)
             if fetch is not None:
+                started = time.monotonic()
                 if item.pin:  # before it is published: no moment where eviction may take it
                     fd = self._read_path.hold(fetch)
-                fetch.wait_finished()
+                size = fetch.wait_finished().meta.size
                 if not joined and fetch.info is not None:
                     outcome = FETCHED
+                    self._governor.sample(time.monotonic() - started, size)
+        except BlockModeRequiredError as big:  # its GET's reply: larger than the room left
+            outcome, error, size = SKIPPED, _NO_ROOM, big.info.size
         except Exception as exc:
             outcome, error = FAILED, exc
             if fd >= 0:
                 os.close(fd)
                 fd = -1
+        if not item.pin and fd >= 0:
+            os.close(fd)
+            fd = -1
         with self._cond:
+            if size is not None:
+                self._learn_size(item, size)
+            size = item.size or 0
             item.brought = outcome == FETCHED
             if outcome == FETCHED:
                 self._stats.add("prefetched")
@@ -395,15 +418,17 @@ class PrefetchEngine:
         if not keep and fd >= 0:
             os.close(fd)
 
-    def _pin_cached(self, item: _Item) -> int:
-        """A shared lock on a cached entry's data, which keeps eviction off it; -1 if gone."""
+    def _pin_cached(self, item: _Item) -> tuple[int, int | None]:
+        """A shared lock on a cached entry's data, which keeps eviction off it, and its size;
+        -1 if gone."""
         entry = self._read_path.cached(item.bucket, item.key)
         if entry is None:
-            return -1
+            shared = None if item.local else self._read_path.cached_shared(item.bucket, item.key)
+            return -1, None if shared is None else shared.meta.size
         try:
-            return self._tier.open_data(entry)
+            return self._tier.open_data(entry), entry.meta.size
         except OSError:
-            return -1
+            return -1, None
 
     # -- bookkeeping (hold the lock) ---------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """``ReadAhead``: a known read order; opening object i prefetches i+1..i+k, k growing on waits.
 
-The depth grows by one each time the reader has to wait for an object.
+The depth grows each time the reader has to wait for an object: by one, and to at least the
+objects the engine keeps in flight (which grow with it, sized by the link's latency).
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ import threading
 from collections.abc import Sequence
 from types import TracebackType
 
-from tiercache.prefetch.engine import Budget, PrefetchEngine, Target
+from tiercache.prefetch.engine import MAX_PREFETCH_WORKERS, Budget, PrefetchEngine, Target
 from tiercache.prefetch.handle import PrefetchHandle
 from tiercache.stats import Stats
 
-MAX_DEPTH = 64
+MAX_DEPTH = 2 * MAX_PREFETCH_WORKERS
 
 
 class ReadAhead:
@@ -22,13 +23,14 @@ class ReadAhead:
 
     The first ``k`` objects are queued at once; each open of an object of the order queues
     the ``k`` after it. When the reader opens an object whose bytes are not in the tier yet
-    (it waits), the order looks one object further ahead from then on (up to ``MAX_DEPTH``)
-    and the engine may put one more object in flight: depth and parallelism grow until the
-    reader stops waiting, always within the window. An object may appear more than once
-    (several epochs in one order): an open counts as its next occurrence after the reader's
-    position. The engine's window (and ``window_bytes``, if given, for this order alone)
-    bounds the bytes held ahead of the reader: past it the next object waits until the
-    reader opens one. ``close()`` (or leaving the ``with`` block) releases what is left.
+    (it waits), the engine may put more objects in flight and the order looks further ahead
+    from then on (one more, and at least as many as are in flight, up to ``MAX_DEPTH``):
+    depth and parallelism grow until the reader stops waiting, always within the window. An
+    object may appear more than once (several epochs in one order): an open counts as its
+    next occurrence after the reader's position. The engine's window (and ``window_bytes``,
+    if given, for this order alone) bounds the bytes held ahead of the reader: past it the
+    next object waits until the reader opens one. ``close()`` (or leaving the ``with``
+    block) releases what is left.
     """
 
     def __init__(
@@ -86,15 +88,18 @@ class ReadAhead:
         with self._lock:
             nth = bisect.bisect_right(positions, self._cursor)
             i = positions[min(nth, len(positions) - 1)]
-            deepen = not ready and self._cursor >= 0 and 0 < self.k < MAX_DEPTH
-            if deepen:
-                self.k += 1
+            waited = not ready and self._cursor >= 0
             self._cursor = max(self._cursor, i)
-            k = self.k
-        if deepen:
+        if waited:
             self._engine.add_worker()
-            if self._stats is not None:
+            with self._lock:
+                deepen = 0 < self.k < MAX_DEPTH
+                if deepen:  # at least as deep as the objects in flight: fewer would idle some
+                    self.k = min(MAX_DEPTH, max(self.k + 1, self._engine.workers))
+            if deepen and self._stats is not None:
                 self._stats.add("readahead_deepened")
+        with self._lock:
+            k = self.k
         self._schedule(i + 1, min(i + 1 + k, len(self._order)))
 
     def close(self) -> None:

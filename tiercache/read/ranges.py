@@ -185,7 +185,8 @@ def download(
             add_stream()
     control = None
     done = threading.Event()  # ends the governor's wait at once: it never delays the fetch
-    if governor is not None and concurrency > 1 and streams != 1:
+    # An object that fit in its first part has nothing left to govern: no thread for it.
+    if governor is not None and concurrency > 1 and streams != 1 and parts.left() > 0:
 
         def running() -> int:  # this thread's stream, the first part's and the workers'
             beside = head is not None and head.is_alive()
@@ -307,7 +308,8 @@ def copy_range(
     """Copy ``[start, end)`` into the sink, reopening from the last byte on a broken stream."""
     pos = start
     failures = 0
-    buffer = memoryview(bytearray(CHUNK))  # reused: fresh memory per chunk costs more than I/O
+    # Reused: fresh memory per chunk costs more than the I/O (and no more than the range).
+    buffer = memoryview(bytearray(min(CHUNK, end - start)))
     try:
         while pos < end:
             try:

@@ -108,8 +108,8 @@ class LocalTier:
         self.keep: Callable[[EntryMeta], bool] = lambda meta: False
         self._lock = threading.Lock()
         self._scan_cache: tuple[float, int] | None = None
-        # Publishes begun and ended: a scan that overlaps one may count its entry twice.
-        self._publishes = (0, 0)
+        self._published_bytes = 0  # by this process, ever (see ``_cache_scan``)
+        self._scanning = False  # a thread is scanning for ``usage``
         self._reserved = 0
         forksafe.register(self)
 
@@ -117,6 +117,7 @@ class LocalTier:
         """Reservations belong to the parent's fetches; a child starts with none."""
         self._lock = threading.Lock()
         self._reserved = 0
+        self._scanning = False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(root={self.root!r}, max_bytes={self.max_bytes})"
@@ -263,21 +264,18 @@ class LocalTier:
         # The new metadata is written before the old entry is touched: a full disk fails
         # here and leaves the old entry as it was.
         tmp_meta = prepare_file(paths.meta, meta.to_json(), self.file_mode, durable=durable)
-        with self._lock:  # a scan that overlaps the rename is not cached
-            self._publishes = (self._publishes[0] + 1, self._publishes[1])
         try:
             remove_file(paths.meta)
             os.rename(src or paths.part, paths.data)
         except BaseException:
             remove_file(tmp_meta)
-            with self._lock:
-                self._publishes = (self._publishes[0], self._publishes[1] + 1)
             raise
         install(tmp_meta, paths.meta)
         if durable:
             fsync_dir(os.path.dirname(paths.data))
         with self._lock:
-            self._publishes = (self._publishes[0], self._publishes[1] + 1)
+            # Counted here whether or not a scan running now saw the rename (see ``usage``).
+            self._published_bytes += meta.size
             if self._scan_cache is not None:
                 stamp, usage = self._scan_cache
                 self._scan_cache = (stamp, usage + meta.size)
@@ -307,12 +305,18 @@ class LocalTier:
         if fresh:
             return sum(row.size for row in self._scan()) + self.staging_bytes()
         with self._lock:
-            cached, reserved, publishes = self._scan_cache, self._reserved, self._publishes
-        if cached is not None and time.monotonic() - cached[0] < max_age:
-            return cached[1] + reserved
-        published = sum(row.size for row in self._scan(count_parts=False))
-        published += self.staging_bytes()
-        self._cache_scan(published, publishes)
+            cached, reserved, before = self._scan_cache, self._reserved, self._published_bytes
+            if cached is not None and (
+                time.monotonic() - cached[0] < max_age or self._scanning
+            ):  # fresh, or another thread is scanning: its predecessor serves meanwhile
+                return cached[1] + reserved
+            self._scanning = True
+        try:
+            published = sum(row.size for row in self._scan(count_parts=False))
+            published = self._cache_scan(published + self.staging_bytes(), before)
+        finally:
+            with self._lock:
+                self._scanning = False
         with self._lock:  # after the scan: a fetch published meanwhile is no longer reserved
             return published + self._reserved
 
@@ -329,12 +333,17 @@ class LocalTier:
                 total += item.stat(follow_symlinks=False).st_blocks * 512
         return total
 
-    def _cache_scan(self, published: int, publishes_before: tuple[int, int]) -> None:
-        """Keep a scan's total unless a publish overlapped it (its entry may count twice)."""
+    def _cache_scan(self, published: int, published_before: int) -> int:
+        """Keep a scan's total, plus the bytes this process published while it ran (the scan
+        may or may not have seen them: counted twice rather than missed, so that usage may
+        run over, never under, and eviction starts early rather than late); returns it.
+
+        Dropping such a scan instead made every fetch scan the whole tier while others
+        published: the cost of a small object grew with the number of objects cached."""
         with self._lock:
-            began, ended = publishes_before
-            clean = began == ended and self._publishes == publishes_before
-            self._scan_cache = (time.monotonic(), published) if clean else None
+            published += self._published_bytes - published_before
+            self._scan_cache = (time.monotonic(), published)
+        return published
 
     def fill_limit(self) -> int:
         """Bytes of entries the tier holds before fetching one more starts eviction."""
@@ -386,7 +395,7 @@ class LocalTier:
         (the entry lock), dirty, or chosen by ``keep`` (the newest checkpoints) are kept.
         """
         with self._lock:
-            publishes = self._publishes
+            before = self._published_bytes
         rows = sorted(self._scan(count_parts), key=lambda r: r.last_access)
         usage = sum(r.size for r in rows)
         report = EvictionReport()
@@ -406,7 +415,7 @@ class LocalTier:
             with self._lock:
                 self._scan_cache = None
         else:
-            self._cache_scan(usage, publishes)
+            self._cache_scan(usage, before)
         return report
 
     def _evict_one(self, row: _ScanRow, dry_run: bool) -> bool:
