@@ -67,16 +67,18 @@ class Bar:
     mode: str
     value: float
     kind: str
+    detail: str = ""  # appended to the bar's label
 
 
 @dataclass(frozen=True)
 class Panel:
-    """Bars (MiB/s, higher is better) compared with the best of ``reference`` modes."""
+    """Bars (``unit``, higher is better) compared with the best of ``reference`` modes."""
 
     title: str
     bars: tuple[Bar, ...]
     reference: tuple[str, ...]
     reference_label: str = "best plain client"
+    unit: str = "MiB/s"
 
 
 def profile_text(params: dict[str, Any]) -> str:
@@ -122,17 +124,18 @@ def _throughput_panel(ax: Any, panel: Panel) -> None:
     ax.invert_yaxis()
     top = max(values, default=1.0)
     for index, bar in enumerate(present):
-        label = f" {bar.value:,.0f} MiB/s"
+        label = f" {bar.value:,.0f} {panel.unit}"
         if best is not None:
             label += f"  {bar.value / best.value:.2f}x"
+        label += f"  {bar.detail}" if bar.detail else ""
         ax.text(bar.value, index, label, va="center", fontsize=9)
     if best is not None:
         ax.axvline(best.value, color=BEST_PLAIN, linestyle="--", linewidth=1)
         ax.set_title(f"{panel.title}\nratio to {panel.reference_label}: {best.mode}", fontsize=10.5)
     else:
         ax.set_title(panel.title, fontsize=10.5)
-    ax.set_xlim(0, top * 1.35)
-    ax.set_xlabel("MiB/s (higher is better)")
+    ax.set_xlim(0, top * (1.7 if any(b.detail for b in present) else 1.35))
+    ax.set_xlabel(f"{panel.unit} (higher is better)")
     ax.tick_params(axis="y", labelsize=9)
     ax.grid(axis="x", alpha=0.3)
 
@@ -438,6 +441,36 @@ def _train_bars(ax: Any, result: Result) -> None:
     ax.grid(axis="y", alpha=0.3)
 
 
+# -- small_objects_bench -----------------------------------------------------------------------
+
+
+def small_objects_chart(result: Result, path: Path) -> None:
+    """Files/s: cold reads beside boto3_pool64, warm reads (each a new process) beside local."""
+    modes, params = result["modes"], result["params"]
+    done = {m: r for m, r in modes.items() if "files_s" in r}
+    warm = [m for m in done if m.startswith(("local", "tiercache_warm"))]
+    cold = [m for m in done if m not in warm]
+
+    def bars(names: list[str]) -> tuple[Bar, ...]:
+        return tuple(
+            Bar(m, done[m]["files_s"], _read_kind(m), f"{done[m]['requests_per_object']:g} req/obj")
+            for m in names
+        )
+
+    panels = (
+        Panel("cold: every object from the store", bars(cold), ("boto3_pool64",), unit="files/s"),
+        Panel(
+            "warm: from the local tier, a new process",
+            bars(warm),
+            ("local_files",),
+            "local",
+            unit="files/s",
+        ),
+    )
+    title = f"Small objects, {params['objects']} x {params['object_kib']} KiB, each read whole"
+    _throughput_chart(panels, title, profile_text(params), path)
+
+
 # -- redraw from a saved JSON ------------------------------------------------------------------
 
 CHARTS: dict[str, Callable[[Result, Path], None]] = {
@@ -446,6 +479,7 @@ CHARTS: dict[str, Callable[[Result, Path], None]] = {
     "train_loop": train_loop_chart,
     "mount": mount_chart,
     "shared": shared_chart,
+    "small_objects": small_objects_chart,
 }
 
 
