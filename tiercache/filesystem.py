@@ -38,6 +38,7 @@ from tiercache.metadata.rows import (
 )
 from tiercache.prefetch import Budget, PrefetchHandle, ReadAhead
 from tiercache.prefetch.targets import check_tier, expand
+from tiercache.read.fetch import Fetch
 from tiercache.read.files import DirectFile, SeekableReader
 from tiercache.read.path import source_url
 from tiercache.runtime import runtime_for
@@ -662,9 +663,9 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         entry_id = self.read_path.entry_id(bucket, key)
         for tier in self._tiers():
             tier.pin(entry_id)
-        fetch = self.read_path.warm(bucket, key)
-        if fetch is not None:
-            fetch.wait_finished()
+        warmed = self.read_path.warm(bucket, key)
+        if isinstance(warmed, Fetch):
+            warmed.wait_finished()
 
     def unpin(self, path: str) -> None:
         """Let eviction remove the object again."""

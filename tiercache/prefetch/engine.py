@@ -35,10 +35,11 @@ from tiercache.prefetch.handle import (
     SKIPPED,
     PrefetchHandle,
 )
-from tiercache.read.fetch import BlockModeRequiredError
+from tiercache.read.fetch import BlockModeRequiredError, Fetch
 from tiercache.read.path import ReadPath
 from tiercache.stats import Stats
 from tiercache.store.base import ObjectStore
+from tiercache.tiers.entry import CachedEntry
 from tiercache.tiers.local import LocalTier
 
 # A worker with nothing to do for this long exits (a new request starts it again), so an
@@ -369,11 +370,17 @@ class PrefetchEngine:
         try:
             joined = self._read_path.in_flight(item.bucket, item.key) is not None
             limit = None if item.size is not None else self._room_for(item)
-            fetch = self._read_path.warm(item.bucket, item.key, local=item.local, limit=limit)
-            if fetch is None:
-                fd, size = self._pin_cached(item)
-                if fd < 0:  # evicted between the check and the pin: fetch it after all
-                    fetch = self._read_path.warm(item.bucket, item.key, item.local, limit)
+            warmed = self._read_path.warm(item.bucket, item.key, local=item.local, limit=limit)
+            fetch = None
+            if isinstance(warmed, Fetch):
+                fetch = warmed
+            elif warmed is not None and not item.pin:
+                size = warmed.meta.size
+            else:
+                fd, size = self._pin_cached(item, warmed)
+                if fd < 0 and warmed is not None:  # evicted since: fetch it after all
+                    again = self._read_path.warm(item.bucket, item.key, item.local, limit)
+                    fetch = again if isinstance(again, Fetch) else None
             if fetch is not None:
                 started = time.monotonic()
                 if item.pin:  # before it is published: no moment where eviction may take it
@@ -418,10 +425,9 @@ class PrefetchEngine:
         if not keep and fd >= 0:
             os.close(fd)
 
-    def _pin_cached(self, item: _Item) -> tuple[int, int | None]:
+    def _pin_cached(self, item: _Item, entry: CachedEntry | None) -> tuple[int, int | None]:
         """A shared lock on a cached entry's data, which keeps eviction off it, and its size;
-        -1 if gone."""
-        entry = self._read_path.cached(item.bucket, item.key)
+        -1 if gone (or only in the shared tier)."""
         if entry is None:
             shared = None if item.local else self._read_path.cached_shared(item.bucket, item.key)
             return -1, None if shared is None else shared.meta.size

@@ -206,18 +206,21 @@ class ReadPath:
 
     def warm(
         self, bucket: str, key: str, local: bool = True, limit: int | None = None
-    ) -> Fetch | None:
+    ) -> Fetch | CachedEntry | None:
         """Bring an object into the tiers without reading it (prefetch).
 
-        Returns None when a valid entry is already in the local tier (or in the shared tier,
-        promoted from there per ``shared_policy``), else the fetch that brings it: the one
+        Returns the valid entry already in the local tier (checked and validated: the caller
+        may hold it), None when the shared tier has it (promoted from there per
+        ``shared_policy``, or ``local=False``), else the fetch that brings it: the one
         already running in this process for the object (joined), or a new one. With
         ``local=False`` only the shared tier is filled (the object is not copied locally).
         A new fetch of an object larger than ``limit`` bytes stops at the GET's first reply
         (``BlockModeRequiredError``, which carries the size): no HEAD is needed to ask first.
         """
-        if local and self._usable(self._tier, bucket, key) is not None:
-            return None
+        if local:
+            usable = self._usable(self._tier, bucket, key)
+            if usable is not None:
+                return usable
         if self._shared is not None:
             if local:
                 if self._from_shared(self._shared, bucket, key) is not None:

@@ -21,6 +21,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import re
 import stat
 import threading
 import time
@@ -131,7 +132,7 @@ class LocalTier:
         return hashlib.sha256(raw).hexdigest()
 
     def paths(self, entry_id: str) -> EntryPaths:
-        if len(entry_id) != 64 or not all(c in "0123456789abcdef" for c in entry_id):
+        if not _ENTRY_ID.fullmatch(entry_id):
             raise ValueError(f"not an entry id: {entry_id!r}")
         shard = os.path.join(self.objects_dir, entry_id[:2])
         if shard not in self._shards_ready:
@@ -504,6 +505,7 @@ class LocalTier:
 
 
 _SCANNED = ("data", "meta", "part", "blk", "blkmap", "blkmeta")
+_ENTRY_ID = re.compile("[0-9a-f]{64}")
 
 
 def block_paths(paths: EntryPaths) -> BlockPaths:
