@@ -3,9 +3,12 @@
 A fetch runs in its own thread so that it completes (and the entry is published) even when the
 reader that started it stops early. It holds the entry's inter-process lock for its whole
 life: other processes on the node wait for it and then find the published entry (checked with
-a HEAD where the consistency mode wants bytes newer than that fetch's GET). The xxh3
-digest is computed while the bytes stream in (parts that arrive out of order are hashed from
-the file once the gap before them fills).
+a HEAD where the consistency mode wants bytes newer than that fetch's GET). The thread dies
+with its process, and the kernel then releases the lock with nothing published: so a reader
+gets an object's last bytes only once the fetch has released the lock (``wait_released``),
+and a process that ends as soon as it has read an object leaves the object in the tier for
+the processes that waited on it. The xxh3 digest is computed while the bytes stream in (parts
+that arrive out of order are hashed from the file once the gap before them fills).
 
 A reader that reads sequentially tells the fetch its position and read size; the download then
 reads chunks of exactly that size, aligned to the reader's reads, and hands each chunk object to
@@ -119,6 +122,8 @@ class Fetch:
         # when another process's entry satisfied it): this process need not check it again.
         self.identity: Identity | None = None
         self.error: BaseException | None = None
+        # The entry lock is released: the entry published (or found), or the fetch failed.
+        self.released = False
         self.finished = False
         # Range-first (see ``decide``): None while undecided, then True (fetch it
         # whole) or False (stop: the object is read by blocks).
@@ -153,6 +158,15 @@ class Fetch:
             raise self.error
         assert self.entry is not None
         return self.entry
+
+    def wait_released(self) -> None:
+        """Block until the fetch released the entry lock: the entry is published (or was
+        found published), or the fetch failed. Raises nothing: bytes already read stay good.
+
+        Bounded as ``wait_started`` is; once every byte is in, only the publish is left.
+        """
+        with self._cond:
+            self._cond.wait_for(lambda: self.released)
 
     def wait_range(self, start: int, end: int) -> None:
         """Block until ``[start, end)`` is in the part file; raise the fetch's error."""
@@ -290,6 +304,9 @@ class Fetch:
                 self._stats.add("fetch_errors")
             self._finish(error=exc)
             return
+        with self._cond:
+            self.released = True
+            self._cond.notify_all()
         if req.after_publish is not None:
             try:
                 req.after_publish(entry)
@@ -375,6 +392,7 @@ class Fetch:
         with self._cond:
             self.entry = entry
             self.error = error
+            self.released = True
             self.finished = True
             self._cond.notify_all()
         if self._on_finish is not None:

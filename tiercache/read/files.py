@@ -147,6 +147,11 @@ class CachedFile(SeekableReader):
                     raise
                 self._fetch = None
                 return count
+            if start + count == self.size:
+                # The object's last bytes: its process may end as soon as the reader has them,
+                # and the fetch's thread with it, before the entry is published; the processes
+                # waiting on the entry lock would then fetch the object again.
+                fetch.wait_released()
             if self._on_wait is not None:
                 self._on_wait(time.monotonic() - waited_from)
             if fetch.finished:
