@@ -10,7 +10,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from tiercache.mount.writable import WritableFile
-from tiercache.store.retry import RetryableError
+from tiercache.read.files import ReadPattern
+from tiercache.read.ranges import RangedGet
+from tiercache.store.retry import RetryPolicy
 
 
 class ReadObserver(Protocol):
@@ -70,13 +72,11 @@ class ColdReadHandle:
 
     Reads out of order are served by ranged GETs of just the bytes asked for (pinned to the
     ETag seen at open), so a random reader moves about what it reads. Once the reads run
-    sequentially (``SEQUENTIAL_READS`` in a row), the ranges have moved as many bytes as the
-    object holds, or one read asks for all of it (a small file), the object is opened through
-    the cache (fetched whole, read as it arrives) and ``on_whole`` is called: a random reader
-    moves at most twice what it reads.
+    sequentially (``ReadPattern.sequential``, the read path's rule), the ranges have moved as
+    many bytes as the object holds, or one read asks for all of it (a small file), the object
+    is opened through the cache (fetched whole, read as it arrives) and ``on_whole`` is
+    called: a random reader moves at most twice what it reads.
     """
-
-    SEQUENTIAL_READS = 2
 
     def __init__(
         self,
@@ -93,8 +93,8 @@ class ColdReadHandle:
         self._on_whole = on_whole
         self._whole: ReadHandle | None = None
         self._lock = threading.Lock()
-        self._next = -1  # where a sequential reader reads next
-        self._in_a_row = 0
+        # The kernel's read-ahead reorders a sequential reader's requests a little.
+        self._pattern = ReadPattern(slack_reads=_NEAR_READS)
         self._ranged_bytes = 0
 
     def settled_fd(self) -> int | None:
@@ -110,12 +110,9 @@ class ColdReadHandle:
         with self._lock:
             whole = self._whole
             if whole is None:
-                # The kernel's read-ahead sends a sequential reader's requests in parallel,
-                # so they may arrive a little out of order: near the last one counts.
-                near = abs(offset - self._next) <= _NEAR_READS * len(buffer)
-                self._in_a_row = self._in_a_row + 1 if near else 1
+                self._pattern.read(offset, len(buffer))
                 if (
-                    self._in_a_row >= self.SEQUENTIAL_READS
+                    self._pattern.sequential
                     or self._ranged_bytes >= self.size
                     or len(buffer) >= self.size  # one read takes it all: fetch it, keep it
                 ):
@@ -126,7 +123,7 @@ class ColdReadHandle:
                 view = buffer[: max(0, min(len(buffer), self.size - offset))]
                 done = self._read_range(offset, view) if len(view) else 0
                 self._ranged_bytes += done
-                self._next = offset + done
+                self._pattern.moved_to(offset + done)
                 if self._ranged_bytes >= self.size:  # read through once: fetch it, keep it
                     self._whole = ReadHandle(self.path, self._open_whole())
                     if self._on_whole is not None:
@@ -142,28 +139,23 @@ class ColdReadHandle:
 
 
 def ranged_reader(fs: Any, full: str, etag: str | None) -> Callable[[int, memoryview], int]:
-    """Read ``[offset, offset + len(view))`` of ``full`` from the store (one GET, retried)."""
+    """Read ``[offset, offset + len(view))`` of ``full`` from the store (one ranged GET,
+    resumed with backoff where its stream breaks: the read path's ``RangedGet``)."""
     bucket, key = fs.split_path(full)
-    attempts = max(1, int(fs.config.retries))
+    retry = RetryPolicy(attempts=max(1, int(fs.config.retries)))
 
     def read_range(offset: int, view: memoryview) -> int:
-        failures = 0
-        while True:
-            stream = fs.store.open_range(bucket, key, offset, offset + len(view), if_match=etag)
-            done = 0
-            try:
-                while done < len(view):
-                    got = stream.readinto(view[done:])
-                    if not got:
-                        break
-                    done += got
-                return done
-            except RetryableError:
-                failures += 1
-                if failures >= attempts:
-                    raise
-            finally:
-                stream.close()
+        get = RangedGet(fs.store, bucket, key, etag, offset, offset + len(view), retry)
+        done = 0
+        try:
+            while done < len(view):
+                got = get.readinto(view[done:])
+                if not got:
+                    break
+                done += got
+        finally:
+            get.close()
+        return done
 
     return read_range
 

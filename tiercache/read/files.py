@@ -19,11 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tiercache.errors import StoreUnavailableError
 from tiercache.read.blocks import BlockFetcher, BlockSource
 from tiercache.read.fetch import BlockModeRequiredError, Fetch
-from tiercache.store.base import ObjectInfo, ObjectStore, ObjectStream
-from tiercache.store.retry import RetryableError, RetryPolicy
+from tiercache.read.ranges import RangedGet
+from tiercache.store.base import ObjectInfo, ObjectStore
+from tiercache.store.retry import RetryPolicy
 from tiercache.tiers.blocks import BlockEntry
 from tiercache.verify import DigestCheck
 
@@ -292,18 +292,47 @@ class CachedFile(SeekableReader):
         super().close()
 
 
+class ReadPattern:
+    """How a reader of a cold object reads: in order (worth fetching the object whole) or here
+    and there (worth reading by ranges or blocks). One rule for the file objects and the mount.
+    """
+
+    SEQUENTIAL_READS = 2  # reads in order, in a row, that make a reader sequential
+
+    def __init__(self, slack_reads: int = 0) -> None:
+        # Reads this many read sizes away from where the last one ended still count as in
+        # order (the kernel's read-ahead sends a sequential reader's requests in parallel, so
+        # they reach the mount a little out of order).
+        self._slack = slack_reads
+        self._next = 0
+        self.in_a_row = 0
+
+    def read(self, offset: int, size: int) -> bool:
+        """A read of ``size`` bytes at ``offset`` is about to be served: whether it is in order."""
+        in_order = abs(offset - self._next) <= self._slack * size
+        self.in_a_row = self.in_a_row + 1 if in_order else 1
+        return in_order
+
+    @property
+    def sequential(self) -> bool:
+        return self.in_a_row >= self.SEQUENTIAL_READS
+
+    def moved_to(self, offset: int) -> None:
+        """The reader is now at ``offset`` (its last read ended there, or it seeked)."""
+        self._next = offset
+
+
 class RangeFirstFile(SeekableReader):
     """A cold object whose fetch waits after its first part: the first reads decide the rest.
 
     Reads within the first part are served from it while nothing is decided. A read in order
-    from the start that goes on (``SEQUENTIAL_READS`` in a row, one of ``STREAMING_READ`` bytes
+    from the start that goes on (``ReadPattern.sequential``, one of ``STREAMING_READ`` bytes
     or more, or past the first part) has the object fetched whole, read as it arrives. A read
     away from the start (a footer, an index) stops the fetch and turns the object into a block
     entry: only the blocks read are fetched (and the rest in the background once
     ``whole_object_after`` of them were read).
     """
 
-    SEQUENTIAL_READS = 2
     # A first read from the start this large is a reader streaming the object (headers and
     # magic numbers are read in far smaller pieces): the rest is fetched at once.
     STREAMING_READ = 1 << 20
@@ -325,8 +354,7 @@ class RangeFirstFile(SeekableReader):
         self._front = fetch.first_part_end()
         self._decided: SeekableReader | None = None
         self._pos = 0
-        self._next = 0  # where a reader in order reads next
-        self._in_a_row = 0
+        self._pattern = ReadPattern()
 
     def __repr__(self) -> str:
         return f"<RangeFirstFile {self.path!r} size={self.size} pos={self._pos}>"
@@ -343,10 +371,9 @@ class RangeFirstFile(SeekableReader):
         """The file object that serves a read of ``size`` bytes (-1: all) from the position."""
         if self._decided is None:
             end = self.size if size < 0 else min(self.size, self._pos + size)
-            in_order = self._pos == self._next
-            self._in_a_row = self._in_a_row + 1 if in_order else 1
+            in_order = self._pattern.read(self._pos, max(size, 0))
             streaming = in_order and (
-                self._in_a_row >= self.SEQUENTIAL_READS or end - self._pos >= self.STREAMING_READ
+                self._pattern.sequential or end - self._pos >= self.STREAMING_READ
             )
             if end > self._front or streaming:
                 self._decide(whole=in_order)
@@ -368,7 +395,7 @@ class RangeFirstFile(SeekableReader):
 
     def _moved(self, reader: SeekableReader) -> None:
         self._pos = reader.tell()
-        self._next = self._pos
+        self._pattern.moved_to(self._pos)
 
     def readinto(self, buffer: Any) -> int:
         self._checkClosed()
@@ -505,7 +532,7 @@ class DirectFile(io.RawIOBase):
         info = store.head(bucket, key)
         self.size, self.etag = info.size, info.etag
         self._pos = 0
-        self._stream: ObjectStream | None = None
+        self._get: RangedGet | None = None  # the GET open from ``_pos`` on, if any
 
     def __repr__(self) -> str:
         return f"<DirectFile {self.path!r} size={self.size} pos={self._pos}>"
@@ -521,30 +548,13 @@ class DirectFile(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int:
         self._checkClosed()
-        view = memoryview(buffer).cast("B")[: max(0, self.size - self._pos)]
-        failures = 0
-        while len(view):
-            try:
-                if self._stream is None:
-                    self._stream = self._store.open_range(
-                        self._bucket, self._key, self._pos, None, if_match=self.etag
-                    )
-                count = self._stream.readinto(view)
-                if not count:
-                    raise RetryableError(f"body ended at byte {self._pos} of {self.size}")
-                self._pos += count
-                return count
-            except RetryableError as exc:
-                failures += 1
-                self._drop_stream()
-                if failures >= self._retry.attempts:
-                    raise StoreUnavailableError(
-                        f"GetObject s3://{self._bucket}/{self._key} at byte {self._pos} at "
-                        f"{self._store.namespace.partition(':')[2]}: "
-                        f"failed after {failures} attempts: {exc}"
-                    ) from exc
-                time.sleep(self._retry.delay(failures))
-        return 0
+        if self._get is None:
+            self._get = RangedGet(
+                self._store, self._bucket, self._key, self.etag, self._pos, self.size, self._retry
+            )
+        count = self._get.readinto(memoryview(buffer).cast("B"))
+        self._pos += count
+        return count
 
     def read(self, size: int | None = -1) -> bytes:
         self._checkClosed()
@@ -579,6 +589,6 @@ class DirectFile(io.RawIOBase):
         super().close()
 
     def _drop_stream(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
-            self._stream = None
+        get, self._get = self._get, None
+        if get is not None:
+            get.close()

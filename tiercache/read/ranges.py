@@ -296,6 +296,75 @@ def _worker(
         (failed or parts).fail(exc)
 
 
+class RangedGet:
+    """Bytes ``[start, end)`` of one object version, read through a ranged GET that is
+    reopened from the last byte it gave whenever its stream breaks (with the retry policy's
+    backoff, within its attempts). The one ranged-GET-with-retry loop: fetches, a reader of
+    an object the tier has no room for (``DirectFile``) and the mount's cold reads use it."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        bucket: str,
+        key: str,
+        etag: str | None,
+        start: int,
+        end: int,
+        retry: RetryPolicy,
+        stream: ObjectStream | None = None,
+    ) -> None:
+        self.pos, self.end = start, end
+        self._store, self._bucket, self._key, self._etag = store, bucket, key, etag
+        self._retry = retry
+        self._stream = stream  # a GET of this range already open (a fetch's first response)
+        self._failures = 0
+
+    def readinto(self, view: memoryview) -> int:
+        """Fill ``view`` with up to its length of the next bytes; 0 at ``end``."""
+        return self._next(lambda stream: stream.readinto(view[: self.end - self.pos]))
+
+    def read(self, amount: int) -> bytes:
+        """Up to ``amount`` of the next bytes, as a new object (handed on without a copy)."""
+        data = b""
+
+        def read(stream: ObjectStream) -> int:
+            nonlocal data
+            data = stream.read(min(amount, self.end - self.pos))
+            return len(data)
+
+        self._next(read)
+        return data
+
+    def _next(self, read: Callable[[ObjectStream], int]) -> int:
+        while self.pos < self.end:
+            try:
+                if self._stream is None:
+                    self._stream = self._store.open_range(
+                        self._bucket, self._key, self.pos, self.end, if_match=self._etag
+                    )
+                count = read(self._stream)
+                if not count:
+                    raise RetryableError(f"body ended at byte {self.pos} of {self.end}")
+                self.pos += count
+                return count
+            except RetryableError as exc:
+                self._failures += 1
+                self.close()
+                if self._failures >= self._retry.attempts:
+                    raise StoreUnavailableError(
+                        f"GetObject s3://{self._bucket}/{self._key} bytes {self.pos}-{self.end} "
+                        f"at {self._store.namespace.partition(':')[2]}: "
+                        f"failed after {self._failures} attempts: {exc}"
+                    ) from exc
+                time.sleep(self._retry.delay(self._failures))
+        return 0
+
+    def close(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
+
+
 def copy_range(
     store: ObjectStore,
     info: ObjectInfo,
@@ -306,47 +375,18 @@ def copy_range(
     stream: ObjectStream | None,
 ) -> None:
     """Copy ``[start, end)`` into the sink, reopening from the last byte on a broken stream."""
-    pos = start
-    failures = 0
+    get = RangedGet(store, info.bucket, info.key, info.etag, start, end, retry, stream)
     # Reused: fresh memory per chunk costs more than the I/O (and no more than the range).
     buffer = memoryview(bytearray(min(CHUNK, end - start)))
     try:
-        while pos < end:
-            try:
-                if stream is None:
-                    stream = store.open_range(info.bucket, info.key, pos, end, if_match=info.etag)
-                count = _copy_chunk(stream, sink, pos, end, buffer)
-                if not count:
-                    raise RetryableError(f"body ended at byte {pos} of {end}")
-                pos += count
-            except RetryableError as exc:
-                failures += 1
-                if stream is not None:
-                    stream.close()
-                    stream = None
-                if failures >= retry.attempts:
-                    raise StoreUnavailableError(
-                        f"GetObject s3://{info.bucket}/{info.key} bytes {pos}-{end} at "
-                        f"{store.namespace.partition(':')[2]}: "
-                        f"failed after {failures} attempts: {exc}"
-                    ) from exc
-                time.sleep(retry.delay(failures))
+        while get.pos < end:
+            pos = get.pos
+            wanted = sink.next_read(pos)
+            if wanted:  # a chunk the reader's size, handed to it as is
+                data = get.read(wanted)
+                sink.write(pos, data)
+            else:
+                count = get.readinto(buffer)
+                sink.write(pos, buffer[:count])
     finally:
-        if stream is not None:
-            stream.close()
-
-
-def _copy_chunk(
-    stream: ObjectStream, sink: RangeSink, pos: int, end: int, buffer: memoryview
-) -> int:
-    """Move the next chunk from ``stream`` into ``sink``; return its size (0 at the end)."""
-    wanted = sink.next_read(pos)
-    if wanted:
-        data = stream.read(min(wanted, end - pos))
-        if data:
-            sink.write(pos, data)
-        return len(data)
-    count = stream.readinto(buffer[: min(CHUNK, end - pos)])
-    if count:
-        sink.write(pos, buffer[:count])
-    return count
+        get.close()
