@@ -34,7 +34,6 @@ from tiercache.metadata.rows import (
     file_row,
     merge_rows,
     pending_rows,
-    store_rows,
 )
 from tiercache.prefetch import Budget, PrefetchHandle, ReadAhead
 from tiercache.prefetch.targets import check_tier, expand
@@ -368,13 +367,12 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         one of the two (read the other way round it could be in neither). A listing is kept
         only when nothing is pending under the prefix: an upload that ends later changes it.
         """
-        asked_at = self._meta.now()
         records = self._runtime.write_behind.pending(f"{bucket}/{prefix}")
         live = [r for r in records if r.state != "lost"]
         pending = pending_rows(live, bucket, prefix, nested=recursive)
         listed = self._meta.listing(bucket, prefix, recursive)
         if listed is None:
-            listed = store_rows(self.store, bucket, prefix, recursive)
+            listed, asked_at = self._runtime.lister.rows(bucket, prefix, recursive)
             if not records:
                 self._meta.remember_listing(bucket, prefix, recursive, listed, asked_at)
         return merge_rows(listed, pending)

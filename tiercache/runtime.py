@@ -17,6 +17,7 @@ from tiercache.checkpoints import CheckpointRegistry
 from tiercache.config import TierCacheConfig, fetch_streams, upload_parts
 from tiercache.metadata.cache import MetadataCache
 from tiercache.metadata.revalidate import ListingRevalidator
+from tiercache.metadata.shared import Lister, SharedListings
 from tiercache.prefetch.engine import PrefetchEngine
 from tiercache.read.path import ReadPath
 from tiercache.stats import Stats
@@ -42,6 +43,7 @@ class CacheRuntime:
     shared: SharedTier | None
     read_path: ReadPath
     metadata: MetadataCache
+    lister: Lister
     stats: Stats
     write_state: WriteState
     uploader: Uploader
@@ -88,8 +90,6 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
     )
     tier.keep = checkpoints.keeps
     uploader = Uploader(config, write_state, store, stats, checkpoints)
-    if write_state.record_ids():
-        uploader.start()  # finish what a crashed or exited process left in the journal
     write_behind = WriteBehind(config, write_state, uploader, stats, store.namespace)
     metadata = MetadataCache(
         tier.root,
@@ -100,14 +100,27 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
         dir_mode=tier.dir_mode,
         lock_timeout=config.lock_timeout,
     )
+    shared_listings = (
+        None
+        if shared is None
+        else SharedListings(shared, store.namespace, metadata.freshness, config.lock_timeout)
+    )
+    if shared_listings is not None:
+        metadata.also_invalidate = shared_listings.invalidate
+        # This host's own upload changes the listings the other hosts read (its own ls merged
+        # the pending write meanwhile).
+        uploader.on_landed = lambda bucket, key: shared_listings.invalidate(bucket, [key])
+    lister = Lister(store, shared_listings, metadata.now)
     revalidator = ListingRevalidator(
-        store,
+        lister,
         metadata,
         metadata.freshness,
         stats,
         pending_under=lambda bucket, prefix: bool(write_behind.pending(f"{bucket}/{prefix}")),
     )
     read_path = ReadPath(config, tier, store, stats, shared, revalidator)
+    if write_state.record_ids():  # once its hooks are set
+        uploader.start()  # finish what a crashed or exited process left in the journal
     return CacheRuntime(
         config=config,
         store=store,
@@ -115,6 +128,7 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
         shared=shared,
         read_path=read_path,
         metadata=metadata,
+        lister=lister,
         stats=stats,
         write_state=write_state,
         uploader=uploader,

@@ -40,6 +40,17 @@ class Host:
         self.fs.wait_fetches()
         return {"sha256": digests}
 
+    def find(self, path: str) -> dict[str, Any]:
+        """List every object under a prefix; how many there are."""
+        return {"count": len(self.fs.find(path))}
+
+    def write(self, path: str, data: str) -> dict[str, Any]:
+        """Write an object and wait until it is in the store."""
+        with self.fs.open(path, "wb") as f:
+            f.write(data.encode())
+        self.fs.flush(path)
+        return {}
+
     def open(self, path: str) -> dict[str, Any]:
         self.files[path] = self.fs.open(path, "rb")
         return {}

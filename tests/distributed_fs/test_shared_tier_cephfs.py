@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -353,3 +354,36 @@ def test_prefetch_tier_shared_on_one_host_is_read_by_the_other(
     assert [proxy.count("GET", key) for key in keys] == [1] * len(keys)  # all from CephFS
     # --tier shared copies nothing into the prefetching host's local tier
     assert glob.glob(str(tmp_path / "hostA-local" / "objects" / "*" / "*.data")) == []
+
+
+def test_processes_on_two_hosts_listing_one_prefix_share_one_listing(
+    hosts: Hosts, s3_client: Any, bucket: str, proxy: FaultProxy
+) -> None:
+    """Eight processes on two hosts, each with a local tier of its own, list one prefix of
+    10 000 keys at once: the shared tier's listing makes it one LIST (10 pages), not eight."""
+    keys = [f"big/{i:05d}" for i in range(10_000)]
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda k: s3_client.put_object(Bucket=bucket, Key=k, Body=b"x"), keys))
+    procs = [
+        hosts.start(host, local=f"{host}-{i}", consistency="ttl", ttl=300.0)
+        for host in ("hostA", "hostB")
+        for i in range(4)
+    ]
+    start_all(procs)
+    for proc in procs:
+        proc.ready()
+    listed_before = proxy.count("GET", "list-type=2")
+    for proc in procs:  # all at once
+        proc.send("find", path=f"{bucket}/big")
+    for proc in procs:
+        assert proc.receive()["count"] == len(keys)
+    pages = proxy.count("GET", "list-type=2") - listed_before
+    one_listing = len(keys) // 1000  # ListObjectsV2 pages of 1000 keys
+    assert pages <= 1.1 * one_listing, pages
+    # A write on one host forgets the shared listing: a process of the other host that
+    # lists next (with no listing of its own yet) sees the new key, not a ttl later.
+    assert "error" not in procs[0].call("write", path=f"{bucket}/big/new", data="added")
+    newcomer = hosts.start("hostB", local="hostB-new", consistency="ttl", ttl=300.0)
+    start_all([newcomer])
+    newcomer.ready()
+    assert newcomer.call("find", path=f"{bucket}/big")["count"] == len(keys) + 1

@@ -101,6 +101,19 @@ class _Record:
         return self._names
 
 
+def listing_kinds(namespace: str, bucket: str, keys: Iterable[str]) -> set[tuple[str, Kind]]:
+    """The listing records a change of ``keys`` makes stale: ``ls`` and ``find`` of every
+    prefix above each key, by entry id."""
+    records: set[tuple[str, Kind]] = set()
+    for key in keys:
+        parts = key.split("/")
+        for depth in range(len(parts)):
+            prefix = "/".join(parts[:depth]) + "/" if depth else ""
+            entry_id = LocalTier.entry_id(namespace, bucket, prefix)
+            records.update(((entry_id, "ls"), (entry_id, "find")))
+    return records
+
+
 class MetadataCache:
     """Store answers about keys and prefixes of one store, shared by the processes of a host."""
 
@@ -125,6 +138,8 @@ class MetadataCache:
         self._lock_timeout = lock_timeout
         self._clock = clock
         self.freshness = Freshness(consistency, ttl, clock)
+        # Called by ``invalidate`` too: the shared tier's listings (``SharedListings``).
+        self.also_invalidate: Callable[[str, list[str]], None] | None = None
         os.makedirs(self.dir, mode=dir_mode, exist_ok=True)
         if os.path.islink(self.dir):
             raise PermissionError(13, "the metadata directory is a symlink", self.dir)
@@ -275,21 +290,24 @@ class MetadataCache:
 
     def invalidate(self, bucket: str, keys: Iterable[str]) -> None:
         """This host changed ``keys`` (wrote, deleted, renamed, copied onto them): forget each
-        key, its parent directories and the listings of every prefix above it, in every mode."""
-        files: set[tuple[str, Kind]] = set()
+        key, its parent directories and the listings of every prefix above it, in every mode
+        (and in the shared tier's listings, ``also_invalidate``)."""
+        keys = list(keys)
+        files = listing_kinds(self._namespace, bucket, keys)
         for key in keys:
             parts = key.split("/")
             for depth in range(1, len(parts) + 1):
                 files.add((self._id(bucket, "/".join(parts[:depth])), "info"))
-            for depth in range(len(parts)):
-                entry_id = self._id(bucket, "/".join(parts[:depth]) + "/" if depth else "")
-                files.update(((entry_id, "ls"), (entry_id, "find")))
         self._forget(files)
+        if self.also_invalidate is not None:
+            self.also_invalidate(bucket, keys)
 
     def invalidate_bucket(self, bucket: str) -> None:
         """A bucket was created or removed: forget its root listings."""
         entry_id = self._id(bucket, "")
         self._forget([(entry_id, "ls"), (entry_id, "find")])
+        if self.also_invalidate is not None:
+            self.also_invalidate(bucket, [""])
 
     def _forget(self, files: Iterable[tuple[str, Kind]]) -> None:
         by_shard: dict[str, list[str]] = {}

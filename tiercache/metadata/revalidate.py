@@ -19,9 +19,8 @@ from typing import Any
 from tiercache import forksafe
 from tiercache.metadata.cache import MAX_LISTING_ROWS, KnownInfo, MetadataCache
 from tiercache.metadata.freshness import Freshness
-from tiercache.metadata.rows import store_rows
+from tiercache.metadata.shared import Lister
 from tiercache.stats import Stats
-from tiercache.store.base import ObjectStore
 
 # Prefixes whose listing this process keeps itself (those the metadata cache does not keep).
 _KEPT_PREFIXES = 16
@@ -45,13 +44,13 @@ class ListingRevalidator:
 
     def __init__(
         self,
-        store: ObjectStore,
+        lister: Lister,
         metadata: MetadataCache,
         freshness: Freshness,
         stats: Stats,
         pending_under: Callable[[str, str], bool],
     ) -> None:
-        self._store = store
+        self._lister = lister
         self._metadata = metadata
         self._freshness = freshness
         self._stats = stats
@@ -108,9 +107,8 @@ class ListingRevalidator:
         return Listed(True, row[0], row[1], kept[0])
 
     def _list(self, bucket: str, prefix: str) -> None:
-        asked_at = self._metadata.now()
         pending = self._pending_under(bucket, prefix)  # before the LIST: see the filesystem's ls
-        rows = store_rows(self._store, bucket, prefix, recursive=False)
+        rows, asked_at = self._lister.rows(bucket, prefix, recursive=False)
         self._stats.add("revalidation_listings")
         if not pending and len(rows) <= MAX_LISTING_ROWS:
             self._metadata.remember_listing(bucket, prefix, False, rows, asked_at)

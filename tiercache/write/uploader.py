@@ -94,6 +94,8 @@ class Uploader:
     ) -> None:
         self._config = config
         self._checkpoints = checkpoints
+        # Told of each object that reached the store (listings kept for other hosts forget it).
+        self.on_landed: Callable[[str, str], None] | None = None
         self._state = state
         self._store = store
         self._namespace = canonical_namespace(store.namespace)
@@ -485,6 +487,8 @@ class Uploader:
             self._checkpoints.committed(record.bucket, posixpath.dirname(record.key))
         if not self._state.uploaded(record, info):
             self.submit(record.entry_id)  # superseded meanwhile: the newer version goes next
+        if self.on_landed is not None:
+            self.on_landed(record.bucket, record.key)
         self._stats.add("uploads")
         self._stats.add("bytes_uploaded", record.size)
         self._requeue_deferred()

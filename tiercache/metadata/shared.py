@@ -1,0 +1,173 @@
+"""``SharedListings``: prefix listings kept in the shared tier, one LIST per ttl for every host.
+
+Without it each host lists a dataset's prefix itself, and ranks listing at once are a known
+cause of throttling (503 SlowDown). With a shared tier, a listing is kept beside it for every
+host, and the first host to need it lists while the others wait for its record::
+
+    SHARED/metadata/ab/<64 hex>.ls|.find   the store's rows under one prefix, as the local
+                                           metadata cache keeps them (same record format)
+    SHARED/metadata/ab/<64 hex>.<kind>.lease  the lease of the host listing it now
+    SHARED/metadata/ab/stamp               a random token, replaced at each invalidation
+
+No ``flock`` (a shared filesystem may not honour it across hosts): the single flight is a
+lease (``tiers/lease.py``), and a record that races an invalidation is removed by whichever
+comes second. The lister reads the shard's stamp token before asking the store and again after
+renaming its record into place, and removes the record if the token changed; an invalidation
+replaces the token first and removes the records after. Invalidation follows the local cache's
+rule: a write of this host (at ``close()``, and when its upload lands) forgets the listings of
+every prefix above the key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from tiercache.metadata.cache import MAX_LISTING_ROWS, RECORD_VERSION, Kind, listing_kinds
+from tiercache.metadata.freshness import Freshness
+from tiercache.metadata.rows import store_rows
+from tiercache.store.base import ObjectStore
+from tiercache.tiers.entry import install, prepare_file, read_small_file
+from tiercache.tiers.local import LocalTier, remove_file
+from tiercache.tiers.shared import SharedTier
+
+_STAMP = "stamp"
+_RECORD_LIMIT = 256 * 1024 * 1024  # bytes read of one record (MAX_LISTING_ROWS rows fit)
+
+Rows = list[dict[str, Any]]
+
+
+class Lister:
+    """Where listings come from: one LIST, through the shared tier's records if there is one."""
+
+    def __init__(
+        self, store: ObjectStore, shared: SharedListings | None, clock: Callable[[], float]
+    ) -> None:
+        self._store = store
+        self._shared = shared
+        self._clock = clock
+
+    def rows(self, bucket: str, prefix: str, recursive: bool) -> tuple[Rows, float]:
+        """The store's rows under ``prefix`` (see ``store_rows``) and when it was asked."""
+
+        def list_now() -> Rows:
+            return store_rows(self._store, bucket, prefix, recursive)
+
+        if self._shared is None:
+            asked_at = self._clock()
+            return list_now(), asked_at
+        return self._shared.listing(bucket, prefix, recursive, list_now)
+
+
+class SharedListings:
+    """Listings of one store kept in the shared tier for every host that mounts it."""
+
+    def __init__(
+        self, shared: SharedTier, namespace: str, freshness: Freshness, lock_timeout: float
+    ) -> None:
+        self.dir = os.path.join(shared.root, "metadata")
+        self._leases = shared.leases
+        self._file_mode = shared.file_mode
+        self._dir_mode = shared.dir_mode
+        self._namespace = namespace
+        self._freshness = freshness
+        self._lock_timeout = lock_timeout
+        self._shards_ready: set[str] = set()
+
+    def listing(
+        self, bucket: str, prefix: str, recursive: bool, list_now: Callable[[], Rows]
+    ) -> tuple[Rows, float]:
+        """The rows under ``prefix`` and when the store was asked: a fresh record of any
+        host's, else ``list_now()`` run here (one host at a time) and kept for the others."""
+        kind: Kind = "find" if recursive else "ls"
+        entry_id = LocalTier.entry_id(self._namespace, bucket, prefix)
+        path = self._path(entry_id, kind)
+        found = self._read(path, bucket, prefix)
+        if found is not None:
+            return found
+        lease = f"{path}.lease"
+        token = self._leases.acquire(lease, self._lock_timeout, "listing the same prefix")
+        try:
+            found = self._read(path, bucket, prefix)  # listed by the host we waited for
+            if found is not None:
+                return found
+            stamp = self._stamp(entry_id)
+            asked_at = self._freshness.clock()
+            rows = list_now()
+            if len(rows) <= MAX_LISTING_ROWS:
+                self._write(path, bucket, prefix, rows, asked_at)
+                if self._stamp(entry_id) != stamp:  # invalidated meanwhile: not to be kept
+                    remove_file(path)
+            return rows, asked_at
+        finally:
+            self._leases.release(lease, token)
+
+    def invalidate(self, bucket: str, keys: Iterable[str]) -> None:
+        """This host changed ``keys``: forget the listings of every prefix above them."""
+        by_shard: dict[str, list[str]] = {}
+        for entry_id, kind in listing_kinds(self._namespace, bucket, keys):
+            by_shard.setdefault(entry_id[:2], []).append(self._path(entry_id, kind))
+        for shard, paths in sorted(by_shard.items()):
+            self._new_stamp(shard)  # first: a lister that renames after this sees it
+            for path in paths:
+                remove_file(path)
+
+    # -- records -----------------------------------------------------------------------------
+
+    def _read(self, path: str, bucket: str, prefix: str) -> tuple[Rows, float] | None:
+        raw = read_small_file(path, _RECORD_LIMIT)
+        if raw is None:
+            return None
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return None
+        if not isinstance(body, dict) or body.get("v") != RECORD_VERSION:
+            return None
+        if (body.get("ns"), body.get("bucket"), body.get("key")) != (
+            self._namespace,
+            bucket,
+            prefix,
+        ):
+            return None
+        at, rows = body.get("at"), body.get("rows")
+        if not isinstance(at, (int, float)) or not isinstance(rows, list):
+            return None
+        if not self._freshness.holds(float(at)):
+            return None
+        return [dict(r) for r in rows if isinstance(r, dict)], float(at)
+
+    def _write(self, path: str, bucket: str, prefix: str, rows: Rows, asked_at: float) -> None:
+        record = {
+            "v": RECORD_VERSION,
+            "ns": self._namespace,
+            "bucket": bucket,
+            "key": prefix,
+            "at": asked_at,
+            "rows": rows,
+        }
+        try:
+            payload = json.dumps(record, separators=(",", ":")).encode()
+            install(prepare_file(path, payload, self._file_mode, durable=False), path)
+        except (OSError, TypeError, ValueError):
+            pass  # a cache: no room, or rows JSON cannot hold, only costs a LIST later
+
+    def _stamp(self, entry_id: str) -> bytes | None:
+        return read_small_file(os.path.join(self._shard(entry_id[:2]), _STAMP), 64)
+
+    def _new_stamp(self, shard: str) -> None:
+        stamp = os.path.join(self._shard(shard), _STAMP)
+        install(prepare_file(stamp, secrets.token_hex(16).encode(), self._file_mode), stamp)
+
+    def _path(self, entry_id: str, kind: Kind) -> str:
+        return os.path.join(self._shard(entry_id[:2]), f"{entry_id}.{kind}")
+
+    def _shard(self, shard: str) -> str:
+        path = os.path.join(self.dir, shard)
+        if shard not in self._shards_ready:
+            os.makedirs(path, mode=self._dir_mode, exist_ok=True)
+            self._shards_ready.add(shard)
+        return path
