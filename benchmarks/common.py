@@ -9,8 +9,10 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -193,6 +195,28 @@ def make_client(endpoint: Endpoint, pool: int = 16) -> Any:
     )
 
 
+def make_transfer_client(endpoint: Endpoint, config: Any, object_size: int, pool: int = 16) -> Any:
+    """A boto3 S3 client for TransferManager downloads (``config``: its TransferConfig) of
+    objects of ``object_size`` bytes that checks no CRC and lets every part start at once.
+
+    With response_checksum_validation='when_required' s3transfer (since boto/s3transfer#363)
+    skips its HEAD and asks for the first part alone, and schedules the other parts only once
+    that part has arrived: a 32 MiB object in 8 MiB parts is read as one part and then three,
+    half the rate of four at once when one connection gets a quarter of the link. With
+    'when_supported' it asks a HEAD, then every part together. Neither computes a CRC for
+    objects written by one PUT, as the benchmarks' are: a ranged GET of one carries no checksum
+    (S3 sends one only for a range that is a part of a multipart upload; SeaweedFS none). An
+    object that one GET covers keeps 'when_required': 'when_supported' would cost it a HEAD
+    and a CRC of the whole body.
+    """
+    parts = object_size >= config.multipart_threshold and object_size > config.multipart_chunksize
+    return endpoint.client(
+        max_pool_connections=pool,
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_supported" if parts else "when_required",
+    )
+
+
 def build_client_now(fs: Any) -> None:
     """Build a tiercache filesystem's boto3 client outside the timer, as the baselines do."""
     client = getattr(fs.store, "client", None)
@@ -244,6 +268,138 @@ def count_and_digest(chunks: Iterable[Any]) -> tuple[int, str]:
         hasher.update(chunk)
         count += memoryview(chunk).nbytes
     return count, hasher.hexdigest()
+
+
+# -- baseline checks ---------------------------------------------------------------------------
+
+CHECK_TOLERANCE = 0.15  # a check passes within this fraction of what it is held against
+LINK_STREAMS = (1, 2, 4, 8)
+
+
+def check_result(value: float, expected: float) -> str:
+    return "PASS" if abs(value / expected - 1.0) <= CHECK_TOLERANCE else "FAIL"
+
+
+def run_transfer_plain(endpoint: Endpoint, bucket: str, keys: list[str]) -> list[dict[str, Any]]:
+    """Download ``keys`` with boto3's defaults in a new process (benchmarks/transfer_plain.py):
+    no thread, client or pool of this one beside it. One row per key: seconds, cpu_s, bytes,
+    digest."""
+    env = dict(
+        os.environ,
+        AWS_ACCESS_KEY_ID=endpoint.key,
+        AWS_SECRET_ACCESS_KEY=endpoint.secret,
+        AWS_DEFAULT_REGION=endpoint.region,
+    )
+    script = REPO / "benchmarks" / "transfer_plain.py"
+    argv = [sys.executable, str(script), "--endpoint", endpoint.url, "--bucket", bucket, *keys]
+    done = subprocess.run(argv, check=False, env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"{script.name} failed (exit {done.returncode}): {done.stderr[-2000:]}")
+    rows: list[dict[str, Any]] = json.loads(done.stdout.splitlines()[-1])["objects"]
+    return rows
+
+
+def link_check(
+    endpoint: Endpoint,
+    bucket: str,
+    key: str,
+    size: int,
+    profile: dict[str, Any],
+    samples: int = 3,
+) -> dict[str, Any]:
+    """N parallel ranged GETs of one object (plain get_object, one thread and connection
+    each) for N in LINK_STREAMS, held against min(N x conn_bps, total_bps) of the profile.
+
+    body_mib_s counts from the first response head to the last byte, so the profile's
+    per-request latency is not charged to the link; wall_mib_s counts from the requests.
+    The best of ``samples`` counts: other load on the machine only ever slows a sample.
+    """
+    conn, total = profile["conn_bps"], profile["total_bps"]
+    if not (conn or total):
+        return {"skipped": "the profile paces nothing"}
+    client = make_client(endpoint, pool=max(LINK_STREAMS))
+    rows = []
+    for n in LINK_STREAMS:
+        expected = min(r for r in (n * conn, total) if r)
+        runs = [_parallel_ranges(client, bucket, key, size, n) for _ in range(samples)]
+        body = max(r[0] for r in runs)
+        rows.append(
+            {
+                "streams": n,
+                "expected_mib_s": round(expected / MiB, 1),
+                "body_mib_s": round(body / MiB, 1),
+                "wall_mib_s": round(max(r[1] for r in runs) / MiB, 1),
+                "samples_body_mib_s": [round(r[0] / MiB, 1) for r in runs],
+                "ratio": round(body / expected, 3),
+                "result": check_result(body, expected),
+            }
+        )
+    return {
+        "object_mib": round(size / MiB, 3),
+        "tolerance": CHECK_TOLERANCE,
+        "rows": rows,
+        "result": "PASS" if all(r["result"] == "PASS" for r in rows) else "FAIL",
+    }
+
+
+def _parallel_ranges(client: Any, bucket: str, key: str, size: int, n: int) -> tuple[float, float]:
+    """(body, wall) bytes/s of ``n`` threads each reading one nth of the object at once."""
+    bounds = [size * i // n for i in range(n + 1)]
+    barrier = threading.Barrier(n)
+    times: list[tuple[float, float, float]] = [(0.0, 0.0, 0.0)] * n
+    errors: list[BaseException] = []
+
+    def fetch(i: int) -> None:
+        try:
+            want = bounds[i + 1] - bounds[i]
+            barrier.wait()
+            start = time.perf_counter()
+            body = client.get_object(
+                Bucket=bucket, Key=key, Range=f"bytes={bounds[i]}-{bounds[i + 1] - 1}"
+            )["Body"]
+            head = time.perf_counter()
+            got = 0
+            while chunk := body.read(MiB):
+                got += len(chunk)
+            times[i] = (start, head, time.perf_counter())
+            if got != want:
+                raise VerifyError(f"link check: {key}: range {i} read {got} bytes, not {want}")
+        except BaseException as exc:
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=fetch, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise next((e for e in errors if isinstance(e, VerifyError)), errors[0])
+    end = max(t[2] for t in times)
+    return size / (end - min(t[1] for t in times)), size / (end - min(t[0] for t in times))
+
+
+def print_baseline_checks(checks: dict[str, Any]) -> None:
+    """One PASS/FAIL line per check (within CHECK_TOLERANCE of what it is held against)."""
+    print(f"\nbaseline checks (PASS: within {CHECK_TOLERANCE:.0%} of the reference)")
+    plain = checks.get("transfer_manager_plain")
+    if plain:
+        print(
+            f"  {plain['result']}  boto3_transfer_manager / transfer_manager_plain = "
+            f"{plain['ratio']:.3f} ({plain['in_benchmark_mib_s']:.1f} vs {plain['mib_s']:.1f} "
+            f"MiB/s; the plain script in a fresh process, boto3 defaults)"
+        )
+    link = checks.get("link")
+    if link and "rows" in link:
+        for row in link["rows"]:
+            print(
+                f"  {row['result']}  link, {row['streams']} parallel ranged GET(s) of one "
+                f"{link['object_mib']:g} MiB object: {row['body_mib_s']:.1f} MiB/s (expected "
+                f"{row['expected_mib_s']:.1f}, ratio {row['ratio']:.3f}; {row['wall_mib_s']:.1f} "
+                "with the request latency)"
+            )
+    elif link:
+        print(f"  -     link: {link['skipped']}")
 
 
 # -- results -----------------------------------------------------------------------------------

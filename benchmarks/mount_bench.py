@@ -218,7 +218,8 @@ def mounted(
 
 def run_repeat(ctx: Context) -> None:
     timed_pass(ctx, "local_raw", file_reader(ctx, None))
-    client = common.make_client(ctx.endpoint, pool=32)
+    largest = max(s.size for s in ctx.shards)  # parts at once (see make_transfer_client)
+    client = common.make_transfer_client(ctx.endpoint, TUNED, largest, pool=32)
     timed_pass(ctx, "boto3_download_c32", download_reader(ctx, client))
 
     fs_dir = Path(tempfile.mkdtemp(prefix="fsspec-", dir=ctx.tmp))

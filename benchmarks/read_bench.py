@@ -10,6 +10,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -40,13 +41,27 @@ NOTES = (
     "boto3_transfer_manager_c32 = the same with TransferConfig(max_concurrency=32, "
     "multipart_chunksize=8 MiB) and a 32-connection pool. s3fs = a plain s3:// file of s3fs "
     "(its default block size and readahead cache), read in --chunk-mib chunks.",
+    "The TransferManager clients keep response_checksum_validation='when_supported' when an "
+    "object is read in several parts: with 'when_required' s3transfer skips its HEAD but asks "
+    "for the first part alone and for the others only once it has arrived (8 x 32 MiB on "
+    "s3-region: 45 MiB/s instead of 80). Ranged GETs carry no checksum, so no CRC is computed "
+    "(common.make_transfer_client).",
     "--store-profile runs every mode through scripts/remote_store.py (a pacing proxy in its "
     "own process: latency per request, a rate per connection and one for all connections; "
     "params.store_profile has its numbers). Setup (upload, the untimed warm-up read, cleanup) "
     "goes straight to the server. proxy_cpu_s = CPU seconds of the proxy over the timed "
     "sections.",
-    "boto3 baseline clients use request/response_checksum_calculation/validation="
+    "The other boto3 baseline clients use request/response_checksum_calculation/validation="
     "'when_required', as tiercache's own client does, so neither side pays CRC checks.",
+    "baseline_checks: transfer_manager_plain = boto3's defaults (client, TransferConfig) "
+    "downloading every shard into memory in a new process (benchmarks/transfer_plain.py, which "
+    "reads the first shard once untimed before) once per repeat, right before "
+    "boto3_transfer_manager (right after it every other repeat) so that both see the same load; "
+    "boto3_transfer_manager should be within 15% of it. link = N parallel ranged GETs of the "
+    "first shard (plain get_object, one thread each, N = 1, 2, 4, 8, best of 3), held against "
+    "min(N x the per-connection rate, the aggregate rate); its MiB/s run from the first "
+    "response head to the last byte. A FAIL is reported, not fatal.",
+    "threads_at_start = live threads of this process when each pass starts.",
     "Cold modes use a fresh, empty cache directory per repeat; tiercache_warm is the second "
     "pass over the tiercache_cold filesystem, after every entry was published.",
     "tiercache_warm trusts the files its own process fetched (no digest check, verify='first'). "
@@ -101,6 +116,7 @@ class Context:
     dataset: Dataset
     tmp: Path
     samples: dict[str, list[float]] = field(default_factory=dict)
+    plain: list[tuple[float, float]] = field(default_factory=list)  # (seconds, cpu_s)
     cpu: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
 
@@ -278,6 +294,9 @@ def timed_pass(
     process (all threads) and of the S3 server over the timed sections.
     """
     os.sync()
+    ctx.extras.setdefault("threads_at_start", {}).setdefault(mode, []).append(
+        threading.active_count()
+    )
     total = client_cpu = server_cpu = proxy_cpu = primed = 0.0
     pid, proxy_pid = ctx.endpoint.server_pid, ctx.endpoint.proxy_pid
     for shard in ctx.dataset.shards:
@@ -326,6 +345,18 @@ def local_write_pass(ctx: Context) -> None:
 
     timed_pass(ctx, "local_write", write, stage)
     shutil.rmtree(out_dir)
+
+
+def transfer_plain_pass(ctx: Context) -> None:
+    """The reference of boto3_transfer_manager: boto3's defaults in a process of their own."""
+    os.sync()
+    rows = common.run_transfer_plain(
+        ctx.endpoint, ctx.dataset.bucket, [s.key for s in ctx.dataset.shards]
+    )
+    for shard, row in zip(ctx.dataset.shards, rows, strict=True):
+        if row["bytes"] != shard.size or row["digest"] != shard.digest:
+            raise VerifyError(f"transfer_manager_plain: {shard.key}: bytes differ")
+    ctx.plain.append((sum(r["seconds"] for r in rows), sum(r["cpu_s"] for r in rows)))
 
 
 # -- tiercache ---------------------------------------------------------------------------------
@@ -456,18 +487,34 @@ def s3_passes(ctx: Context) -> list[Callable[[], object]]:
             run_pass()
         shutil.rmtree(tier_dir)
 
-    tuned = TransferConfig(max_concurrency=32, multipart_chunksize=8 * MiB)
+    default, tuned = (
+        TransferConfig(),
+        TransferConfig(max_concurrency=32, multipart_chunksize=8 * MiB),
+    )
+    size = ctx.dataset.shards[0].size  # every shard has the same size
+
+    def transfer_manager_pass() -> None:  # beside its plain reference, so both see the same load
+        client = common.make_transfer_client(ctx.endpoint, default, size)
+        passes: list[Callable[[], object]] = [
+            functools.partial(transfer_plain_pass, ctx),
+            lambda: timed_pass(
+                ctx, "boto3_transfer_manager", transfer_manager_reader(ctx, default, client)
+            ),
+        ]
+        if len(ctx.samples["local_raw"]) % 2 == 0:  # every other repeat: the other one first
+            passes.reverse()
+        for run_pass in passes:
+            run_pass()
+
     return [
         lambda: timed_pass(ctx, "boto3_get_object", get_object_reader(ctx)),
-        lambda: timed_pass(
-            ctx,
-            "boto3_transfer_manager",
-            transfer_manager_reader(ctx, TransferConfig(), ctx.client),
-        ),
+        transfer_manager_pass,
         lambda: timed_pass(
             ctx,
             "boto3_transfer_manager_c32",
-            transfer_manager_reader(ctx, tuned, common.make_client(ctx.endpoint, pool=32)),
+            transfer_manager_reader(
+                ctx, tuned, common.make_transfer_client(ctx.endpoint, tuned, size, pool=32)
+            ),
         ),
         lambda: timed_pass(ctx, "s3fs", s3fs_reader(ctx)),
         simplecache_pass,
@@ -532,6 +579,24 @@ def summarize(ctx: Context) -> dict[str, dict[str, Any]]:
     return modes
 
 
+def transfer_plain_check(ctx: Context, modes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """boto3_transfer_manager (and _c32) against the plain script's TransferManager."""
+    seconds = statistics.median(s for s, _ in ctx.plain)
+    mib_s = ctx.dataset.total_bytes / MiB / seconds
+    in_benchmark = modes["boto3_transfer_manager"]["mib_s"]
+    return {
+        "mib_s": round(mib_s, 1),
+        "seconds": round(seconds, 4),
+        "samples_s": [round(s, 4) for s, _ in ctx.plain],
+        "client_cpu_s": round(statistics.median(c for _, c in ctx.plain), 3),
+        "in_benchmark_mib_s": in_benchmark,
+        "ratio": round(in_benchmark / mib_s, 3),
+        "ratio_c32": round(modes["boto3_transfer_manager_c32"]["mib_s"] / mib_s, 3),
+        "tolerance": common.CHECK_TOLERANCE,
+        "result": common.check_result(in_benchmark, mib_s),
+    }
+
+
 def print_report(result: dict[str, Any]) -> None:
     params = result["params"]
     print(
@@ -549,6 +614,7 @@ def print_report(result: dict[str, Any]) -> None:
             f"{row['client_cpu_s']:>6.2f} {srv:>9} {proxy:>11}"
         )
     common.print_ratio_rows(result["ratios"], 64)
+    common.print_baseline_checks(result["baseline_checks"])
     common.print_notes(result["notes"])
 
 
@@ -581,6 +647,8 @@ def benchmark_through(
     ctx = Context(args, endpoint, common.make_client(endpoint), dataset, tmp)
     warm_up_s3(ctx, direct)
     ctx.extras["chained_url_check"] = check_chained_url(ctx)
+    first = dataset.shards[0]
+    link = common.link_check(endpoint, dataset.bucket, first.key, first.size, profile)
     for index in range(args.repeat):
         run_repeat(ctx, index)
     modes = summarize(ctx)
@@ -598,6 +666,10 @@ def benchmark_through(
         "machine": common.machine_info(endpoint),
         "modes": modes,
         "ratios": common.ratio_rows(modes, RATIOS),
+        "baseline_checks": {
+            "transfer_manager_plain": transfer_plain_check(ctx, modes),
+            "link": link,
+        },
         **ctx.extras,
         "notes": list(NOTES),
     }
