@@ -14,7 +14,10 @@
 # shard is read by exactly one worker per epoch. Each worker hands its own order to the
 # prefetcher (``fs.read_ahead``): opening shard i brings shards i+1..i+k into the local tier
 # while the model computes. The filesystem is never pickled: each worker process builds its
-# own from the URL and options (fork and spawn alike; tiercache's state is fork-safe).
+# own from the URL and options (fork and spawn alike; tiercache's state is fork-safe). The
+# next epoch's order is known too (a seeded shuffle), so each worker also tells the tier's
+# eviction which shards it reads first after this epoch: with a dataset larger than the tier,
+# it keeps those and lets go of the ones read furthest ahead (``ReadAhead.expect_after``).
 
 from __future__ import annotations
 
@@ -114,16 +117,17 @@ class ShardDataset(torch.utils.data.IterableDataset[Any]):
         self._fs = fs
         return fs
 
-    def epoch_order(self) -> list[str]:
-        """Every shard of this epoch, in the order the ranks and workers split it."""
+    def epoch_order(self, epoch: int | None = None) -> list[str]:
+        """Every shard of this epoch (or ``epoch``), in the order the ranks and workers split it."""
         order = list(self.shards)
         if self.shuffle:
-            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+            seed = self.seed * 1_000_003 + (self.epoch if epoch is None else epoch)
+            random.Random(seed).shuffle(order)
         return order
 
-    def worker_shards(self) -> list[str]:
-        """The shards this rank's current DataLoader worker reads this epoch, in order."""
-        mine = self.epoch_order()[self.rank :: self.world_size]
+    def worker_shards(self, epoch: int | None = None) -> list[str]:
+        """The shards this rank's current DataLoader worker reads this epoch (or ``epoch``)."""
+        mine = self.epoch_order(epoch)[self.rank :: self.world_size]
         info = torch.utils.data.get_worker_info()
         if info is None:
             return mine
@@ -136,7 +140,8 @@ class ShardDataset(torch.utils.data.IterableDataset[Any]):
         shards = self.worker_shards()
         # Workers share the node's tier: each keeps its part of the window ahead of itself.
         window = max(1, fs.config.prefetch_window // workers)
-        with fs.read_ahead(shards, k=self.readahead, window_bytes=window):
+        with fs.read_ahead(shards, k=self.readahead, window_bytes=window) as ahead:
+            ahead.expect_after(self.worker_shards(self.epoch + 1))
             for path in shards:
                 with fs.open(path, "rb") as f:
                     data = f.read()

@@ -49,9 +49,12 @@ NOTES = (
     "scripts/remote_store.py, the profile's numbers in params.store_profile; uploads, the "
     "untimed warm-up read and cleanup go straight to the server. --rate-fraction F sets the "
     "loop's rate to F x the profile's aggregate bandwidth (params.rate_source says which).",
-    "The over-budget run: a dataset of 3x local_max_bytes read for 2 epochs (a new shuffled "
-    "order each epoch, both epochs in one read-ahead order); GETs and bytes are the store "
-    "requests and bytes fetched during each epoch.",
+    "The over-budget run: a dataset of 1/--tier-fraction x local_max_bytes read for "
+    "--over-epochs epochs (a new shuffled order each epoch, all epochs in one read-ahead "
+    "order); GETs and bytes are the store requests and bytes fetched during each epoch, "
+    "'x data' their ratio to the dataset. 'best' is a lower bound: the dataset, then at least "
+    "(dataset - local_max_bytes) per later epoch, since the tier holds at most its budget "
+    "when an epoch begins (prefetch across an epoch's end may move bytes between epochs).",
     "Every shard's bytes are checked against the xxh3_128 digest taken when it was uploaded.",
 )
 
@@ -90,7 +93,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--chunk-mib", type=float, default=4, help="read size in MiB (default 4)")
     p.add_argument("--readahead", type=int, default=4, help="tiercache read-ahead k")
     p.add_argument(
-        "--over-shards", type=int, default=24, help="shards of the 3x-budget run (default 24)"
+        "--over-shards", type=int, default=24, help="shards of the over-budget run (default 24)"
+    )
+    p.add_argument(
+        "--tier-fraction",
+        type=float,
+        default=1 / 3,
+        metavar="F",
+        help="over-budget run: local_max_bytes = F x its dataset (default 1/3)",
+    )
+    p.add_argument(
+        "--over-epochs", type=int, default=2, help="epochs of the over-budget run (default 2)"
     )
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated, in run order")
     p.add_argument("--quick", action="store_true", help="small run, under a minute")
@@ -106,8 +119,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.rate_mib, args.rate_source = consumption_rate(p, args)
     if min(args.shards, args.over_shards) < 2 or args.shard_mib <= 0 or args.rate_mib <= 0:
         p.error("--shards/--over-shards must be >= 2, sizes and rate positive")
-    if args.epochs < 1:
-        p.error("--epochs must be >= 1")
+    if min(args.epochs, args.over_epochs) < 1:
+        p.error("--epochs and --over-epochs must be >= 1")
+    if not 0 < args.tier_fraction < 1:
+        p.error("--tier-fraction must be in (0, 1): a dataset larger than the tier")
     return args
 
 
@@ -295,7 +310,8 @@ def tier_counts(fs: TierCacheFileSystem) -> dict[str, Any]:
 def over_budget_run(
     client: Any, endpoint: Endpoint, args: argparse.Namespace, tmp: Path
 ) -> dict[str, Any]:
-    """A dataset 3x the cache budget, 2 epochs (shuffled), one read-ahead order for both.
+    """A dataset larger than the cache budget (--tier-fraction), --over-epochs shuffled epochs,
+    one read-ahead order for all of them.
 
     ``client`` (straight to the server) uploads and deletes; the loop reads through ``endpoint``.
     """
@@ -303,10 +319,11 @@ def over_budget_run(
     bucket = f"tiercache-bench-{uuid.uuid4().hex[:12]}"
     client.create_bucket(Bucket=bucket)
     shards = upload(client, bucket, "over", args.over_shards, size)
-    budget = args.over_shards * size // 3
+    dataset = args.over_shards * size
+    budget = int(dataset * args.tier_fraction)
     fs = tiercache_fs(endpoint, tmp / "over-tier", consistency="immutable", local_max_bytes=budget)
     rng = random.Random(0)
-    epochs = [rng.sample(shards, len(shards)) for _ in range(2)]
+    epochs = [rng.sample(shards, len(shards)) for _ in range(args.over_epochs)]
     rows = []
     order = [f"{bucket}/{s.key}" for epoch in epochs for s in epoch]
     with fs.read_ahead(order, k=args.readahead):
@@ -318,11 +335,26 @@ def over_budget_run(
             gets -= before["store_requests"].get("GetObject", 0)
             row = result.as_dict()
             row["gets"] = gets
-            row["mib_fetched"] = round((after["bytes_fetched"] - before["bytes_fetched"]) / MiB, 1)
+            fetched = after["bytes_fetched"] - before["bytes_fetched"]
+            row["mib_fetched"] = round(fetched / MiB, 1)
+            row["fetched_x_dataset"] = round(fetched / dataset, 3)
+            row["best_x_dataset"] = round((dataset - budget if rows else dataset) / dataset, 3)
             row["prefetch_wasted"] = after["prefetch_wasted"] - before["prefetch_wasted"]
+            for name in ("evictions_by_next_use", "bytes_kept_by_next_use"):
+                row[name] = after[name] - before[name]
             rows.append(row)
     delete_bucket(client, bucket, [s.key for s in shards])
-    return {"budget_mib": round(budget / MiB, 1), "shards": args.over_shards, "epochs": rows}
+    total = sum(r["mib_fetched"] for r in rows) * MiB
+    best = dataset + (len(rows) - 1) * (dataset - budget)
+    return {
+        "budget_mib": round(budget / MiB, 1),
+        "dataset_mib": round(dataset / MiB, 1),
+        "tier_fraction": args.tier_fraction,
+        "shards": args.over_shards,
+        "fetched_x_dataset": round(total / dataset, 3),
+        "fetched_x_best": round(total / best, 3),
+        "epochs": rows,
+    }
 
 
 def delete_bucket(client: Any, bucket: str, keys: list[str]) -> None:
@@ -421,18 +453,29 @@ def print_report(result: dict[str, Any]) -> None:
                 f"{epoch['stall_fraction_excl_first']:>11.1%}"
             )
     print_stall_ratios(result["modes"])
-    over = result["over_budget"]
+    print_over_budget(result["over_budget"])
+    common.print_notes(result["notes"])
+
+
+def print_over_budget(over: dict[str, Any]) -> None:
+    """Bytes fetched per epoch against the dataset and against the best possible."""
     print(
-        f"\nover budget: {over['shards']} shards = 3x local_max_bytes ({over['budget_mib']:g} "
-        "MiB), 2 shuffled epochs"
+        f"\nover budget: {over['shards']} shards ({over['dataset_mib']:g} MiB), local_max_bytes "
+        f"{over['budget_mib']:g} MiB ({over['tier_fraction']:.2g} of it), "
+        f"{len(over['epochs'])} shuffled epochs"
     )
-    print(f"{'epoch':<6} {'GETs':>5} {'MiB fetched':>12} {'stall':>7} {'excl. first':>11}")
+    head = f"{'epoch':<6} {'GETs':>5} {'MiB fetched':>12} {'x data':>7} {'best':>6}"
+    print(f"{head} {'stall':>7} {'excl. first':>11}")
     for n, row in enumerate(over["epochs"], 1):
         print(
-            f"{n:<6} {row['gets']:>5} {row['mib_fetched']:>12.0f} {row['stall_fraction']:>7.1%} "
-            f"{row['stall_fraction_excl_first']:>11.1%}"
+            f"{n:<6} {row['gets']:>5} {row['mib_fetched']:>12.0f} "
+            f"{row['fetched_x_dataset']:>7.2f} {row['best_x_dataset']:>6.2f} "
+            f"{row['stall_fraction']:>7.1%} {row['stall_fraction_excl_first']:>11.1%}"
         )
-    common.print_notes(result["notes"])
+    print(
+        f"all epochs: {over['fetched_x_dataset']:.2f}x the dataset, "
+        f"{over['fetched_x_best']:.2f}x the best possible"
+    )
 
 
 def print_stall_ratios(modes: dict[str, Any]) -> None:

@@ -676,8 +676,10 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         return [self.tier] if shared is None else [self.tier, shared]
 
     def wait_fetches(self) -> None:
-        """Wait until the fetches started by this process have published their entries."""
+        """Wait until the fetches started by this process have published their entries (and
+        prefetch let go of those no reader wants)."""
         self.read_path.wait_idle()
+        self._runtime.prefetch.wait_settled()
 
     def evict(
         self, target_bytes: int | None = None, dry_run: bool = False, tier: str = "local"

@@ -192,7 +192,9 @@ def test_two_epochs_over_three_times_the_budget_do_not_thrash(tmp_path: Path) ->
                 peak_held = max(peak_held, engine.pinned_bytes())
                 peak_usage = max(peak_usage, fs.tier.usage(fresh=True))
         gets_per_epoch.append(len(store.gets) - before)
-    assert gets_per_epoch == [30, 30]  # each object once per epoch: nothing evicted unread
+    # Each object at most once per epoch, nothing evicted unread; the second epoch may find
+    # the first one's last objects still there (kept by next use, where LRU let them go).
+    assert gets_per_epoch[0] == 30 and gets_per_epoch[1] <= 30
     assert peak_held <= 400 * KiB
     # The tier makes room when a fetch begins; two fetches beginning at once may each see the
     # other's bytes missing, so it can be over by one object for a moment, never by the data.
@@ -266,8 +268,9 @@ def test_a_forked_child_drops_the_parents_pins(tmp_path: Path) -> None:
     if pid == 0:  # the child: no pins, and prefetch works
         code = 1
         try:
+            held = engine.pinned_bytes()  # before its own prefetch pins any (a race, read after)
             again = fs.prefetch("b/d")
-            if engine.pinned_bytes() in (0, 200 * KiB) and again.wait(20):
+            if held == 0 and again.wait(20):
                 code = 0 if again.progress().cached == 2 else 2
         finally:
             os._exit(code)

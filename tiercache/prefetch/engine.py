@@ -9,6 +9,11 @@ reader opens it: the engine holds a shared ``flock`` on its data file, exactly a
 reader does, so eviction in any process on the node leaves it alone. Pins count against the
 window (``prefetch_window_bytes``), which bounds what prefetch protects. Fetching goes
 through ``ReadPath.warm``: a read of an object being prefetched joins the same fetch.
+
+Read-ahead orders rank the tier's eviction by next use (``next_use``): as items leave the
+queue in order and are pinned as they go, what eviction takes for an object of an order is
+read after it, or never; and an object waits rather than take what MIN would keep
+(``_may_bring``).
 """
 
 from __future__ import annotations
@@ -21,8 +26,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
 
 from tiercache import forksafe
 from tiercache.config import TierCacheConfig
@@ -35,12 +38,16 @@ from tiercache.prefetch.handle import (
     SKIPPED,
     PrefetchHandle,
 )
+from tiercache.prefetch.items import Budget, Item, OrderListener, Target
 from tiercache.read.fetch import BlockModeRequiredError, Fetch
 from tiercache.read.path import ReadPath
 from tiercache.stats import Stats
 from tiercache.store.base import ObjectStore
 from tiercache.tiers.entry import CachedEntry
 from tiercache.tiers.local import LocalTier
+from tiercache.tiers.next_use import NextUse
+
+__all__ = ["MAX_PREFETCH_WORKERS", "Budget", "PrefetchEngine", "Target"]
 
 # A worker with nothing to do for this long exits (a new request starts it again), so an
 # unused filesystem leaves no threads behind.
@@ -53,49 +60,7 @@ _UNUSED_RECORDS = 4096
 # is 24) with room for the time each spends in this process.
 MAX_PREFETCH_WORKERS = 64
 
-Target = tuple[str, str, "int | None"]  # bucket, key, size if known
 _NO_ROOM = "no room: larger than the prefetch window or tier"
-
-
-class OrderListener(Protocol):
-    """A read-ahead order, told when a reader opens one of its objects (``ready``: its bytes
-    were already in the tier, so the reader did not wait)."""
-
-    def opened(self, path: str, ready: bool) -> None: ...
-
-
-@dataclass
-class Budget:
-    """Bytes a set of items may hold at once. A sticky budget is never given back: items that
-    do not fit are skipped instead of waiting (a request with no reader to free room)."""
-
-    limit: int
-    used: int = 0
-    sticky: bool = False
-
-    def fits(self, nbytes: int) -> bool:
-        return self.used + nbytes <= self.limit
-
-
-@dataclass(eq=False)
-class _Item:
-    bucket: str
-    key: str
-    size: int | None
-    pin: bool
-    budgets: tuple[Budget, ...]
-    rank: tuple[int, int]  # (-priority, arrival): the queue's order
-    handles: list[PrefetchHandle] = field(default_factory=list)
-    state: str = "queued"  # queued → running → pinned → gone
-    read: bool = False  # a reader opened it while it was being fetched
-    brought: bool = False  # its bytes came from the store through this item's fetch
-    charged: int = 0
-    pin_fd: int = -1
-    local: bool = True  # False: fill the shared tier only (no copy into the local one)
-
-    @property
-    def path(self) -> str:
-        return f"{self.bucket}/{self.key}"
 
 
 class PrefetchEngine:
@@ -115,16 +80,20 @@ class PrefetchEngine:
         self._tier = tier
         self._stats = stats
         self.window = Budget(config.prefetch_window)
+        self.next_use = NextUse(tier.root, stats, tier.file_mode, tier.dir_mode)
+        tier.next_use = self.next_use
         self._reset()
         forksafe.register(self)
 
     def _reset(self) -> None:
         self._cond = threading.Condition()
         # (-priority, arrival, push count, item): the push count keeps items uncompared.
-        self._heap: list[tuple[int, int, int, _Item]] = []
+        self._heap: list[tuple[int, int, int, Item]] = []
         self._seq = itertools.count()
-        self._items: dict[str, _Item] = {}
+        self._items: dict[str, Item] = {}
         self._listeners: dict[str, OrderListener] = {}  # path -> read-ahead order that contains it
+        # Nothing leaves the queue until this order's reader is at this position (``_may_bring``).
+        self._held: tuple[OrderListener, int] | None = None
         self._unused: OrderedDict[str, tuple[str, str, int]] = OrderedDict()
         self._running_threads = 0
         self._busy = 0  # workers fetching an item
@@ -165,7 +134,7 @@ class PrefetchEngine:
                     continue
                 rank = (-priority, next(self._seq))
                 if item is None:
-                    item = _Item(bucket, key, size, pin, all_budgets, rank, local=local)
+                    item = Item(bucket, key, size, pin, all_budgets, rank, local=local)
                     self._items[path] = item
                 elif rank < item.rank:
                     item.rank = rank
@@ -178,7 +147,7 @@ class PrefetchEngine:
 
     def cancel(self, handle: PrefetchHandle) -> None:
         """Drop ``handle``'s queued objects and unpin the ones only it wanted."""
-        to_close: list[_Item] = []
+        to_close: list[Item] = []
         with self._cond:
             for item in list(self._items.values()):
                 if handle not in item.handles:
@@ -205,11 +174,18 @@ class PrefetchEngine:
             for path in paths:
                 self._listeners[path] = order
 
+    def entry_id(self, bucket: str, key: str) -> str:
+        """The tier entry that holds an object (what next-use hints name)."""
+        return self._read_path.entry_id(bucket, key)
+
     def unlisten(self, paths: Sequence[str], order: OrderListener) -> None:
         with self._cond:
             for path in paths:
                 if self._listeners.get(path) is order:
                     del self._listeners[path]
+            if self._held is not None and self._held[0] is order:
+                self._held = None
+                self._cond.notify_all()
 
     # -- the reader's side -------------------------------------------------------------------
 
@@ -218,7 +194,7 @@ class PrefetchEngine:
         """Wrap a reader's open: count prefetch use, unpin after the reader holds its own lock,
         and let a read-ahead order schedule what comes next."""
         path = f"{bucket}/{key}"
-        release: _Item | None = None
+        release: Item | None = None
         with self._cond:
             item = self._items.get(path)
             ready = item is not None and item.state == "pinned"
@@ -237,6 +213,8 @@ class PrefetchEngine:
             order = self._listeners.get(path)
         if unused is not None:
             self._settle_unused(*unused)
+        if not ready and self.next_use.has_spared():
+            self.next_use.used(self.entry_id(bucket, key), lambda: self._is_cached(bucket, key))
         if order is not None and not ready:
             order.opened(path, ready)  # the reader waits for this one: the next ones go now
         try:
@@ -248,6 +226,12 @@ class PrefetchEngine:
             # After the open: the work of queueing the next objects would otherwise take the
             # GIL from this open at each of its system calls (measured: 2-3x its time).
             order.opened(path, ready)
+        held = self._held
+        if held is not None and held[0].cursor >= held[1]:  # the reader is past it: try again
+            with self._cond:
+                if self._held is held:
+                    self._held = None
+                    self._cond.notify_all()
 
     # -- metrics -----------------------------------------------------------------------------
 
@@ -262,6 +246,13 @@ class PrefetchEngine:
                         continue
                 self._stats.add("prefetch_wasted")
                 self._stats.add("prefetch_wasted_bytes", size)
+
+    def wait_settled(self, timeout: float = 60.0) -> None:
+        """Wait until the objects in flight now are done with: pinned for their reader, or
+        let go of (no lock of this engine left on them)."""
+        with self._cond:
+            running = [item for item in self._items.values() if item.state == "running"]
+            self._cond.wait_for(lambda: all(i.state != "running" for i in running), timeout)
 
     def pinned_bytes(self) -> int:
         """Bytes the window holds now (pinned and in flight)."""
@@ -314,9 +305,9 @@ class PrefetchEngine:
                 with self._cond:
                     self._busy -= 1
 
-    def _take(self) -> _Item | None:
+    def _take(self) -> Item | None:
         """The next item to work on, or None; strictly in queue order (hold the lock)."""
-        while self._heap:
+        while self._heap and self._held is None:
             item = self._heap[0][3]
             if item.state != "queued" or self._items.get(item.path) is not item:
                 heapq.heappop(self._heap)
@@ -342,7 +333,7 @@ class PrefetchEngine:
             return item
         return None
 
-    def _room_for(self, item: _Item) -> int:
+    def _room_for(self, item: Item) -> int:
         """The largest object ``item`` may bring, as for an object of known size: a window's
         whole limit (a larger object could never fit), what a sticky budget has left."""
         with self._cond:
@@ -350,7 +341,7 @@ class PrefetchEngine:
                 b.limit - b.used + item.charged if b.sticky else b.limit for b in item.budgets
             )
 
-    def _learn_size(self, item: _Item, size: int) -> None:
+    def _learn_size(self, item: Item, size: int) -> None:
         """An object's size, learnt from its GET or its entry: charge that instead (hold the
         lock)."""
         if item.size is None:
@@ -364,7 +355,52 @@ class PrefetchEngine:
                 budget.used += size - item.charged
             item.charged = size
 
-    def _fetch(self, item: _Item) -> None:
+    def _fetch(self, item: Item) -> None:
+        if not item.pin:
+            self._fetch_item(item, None)
+            return
+        # From the lookup that finds it cached to the lock that pins it, the entry is open to
+        # eviction: this process's, which would take it as it is read soonest, passes it over.
+        entry_id = self.entry_id(item.bucket, item.key)
+        self.next_use.protect(entry_id)
+        try:
+            claim = self._may_bring(item)
+            if claim is not None:
+                self._fetch_item(item, entry_id, claim)
+        finally:
+            self.next_use.unprotect(entry_id)
+
+    def _may_bring(self, item: Item) -> int | None:
+        """The tier's claim on room to bring an object of a read-ahead order now (0: none
+        needed), evicting only what MIN would (``OrderHint.floor``). None if it cannot: the
+        item goes back, and the queue holds, strictly in order, until the order's reader is
+        where room may be had (it may come first and fetch the object itself)."""
+        with self._cond:
+            order = self._listeners.get(item.path)
+            # Of a size not learnt yet: it needs some room, how much its GET will say.
+            size = max(1, self._typical_size if item.size is None else item.size)
+        floor = None if order is None else order.eviction_floor(item.path)
+        if floor is None:
+            return 0
+        if self._tier.usage() + size > self._tier.fill_limit() and self._is_cached(
+            item.bucket, item.key
+        ):
+            return 0  # nothing to fetch, no room needed
+        claim = self._tier.make_room(size, floor.distance)
+        if claim is not None:
+            return claim
+        with self._cond:
+            if item.read or not item.handles or self._items.get(item.path) is not item:
+                return 0  # a reader came meanwhile, or nobody wants it: the usual path
+            self._uncharge(item)
+            item.state = "queued"
+            heapq.heappush(self._heap, (*item.rank, next(self._seq), item))
+            self._held = (order, floor.unblock_at) if order is not None else None
+        return None
+
+    def _fetch_item(self, item: Item, entry_id: str | None, claim: int = 0) -> None:
+        """Fetch or find ``item``'s object and pin it; ``claim``: room ``make_room`` reserved
+        for it, dropped once its fetch has started (its ``reserve`` took it over)."""
         outcome, fd, size = CACHED, -1, item.size
         error: BaseException | str | None = None
         try:
@@ -378,6 +414,8 @@ class PrefetchEngine:
                 size = warmed.meta.size
             else:
                 fd, size = self._pin_cached(item, warmed)
+                if fd >= 0 and warmed is not None and entry_id is not None:
+                    self.next_use.used(entry_id, lambda: True)
                 if fd < 0 and warmed is not None:  # evicted since: fetch it after all
                     again = self._read_path.warm(item.bucket, item.key, item.local, limit)
                     fetch = again if isinstance(again, Fetch) else None
@@ -385,6 +423,10 @@ class PrefetchEngine:
                 started = time.monotonic()
                 if item.pin:  # before it is published: no moment where eviction may take it
                     fd = self._read_path.hold(fetch)
+                if claim:
+                    fetch.wait_started()
+                    self._tier.drop_claim(claim)
+                    claim = 0
                 size = fetch.wait_finished().meta.size
                 if not joined and fetch.info is not None:
                     outcome = FETCHED
@@ -396,6 +438,8 @@ class PrefetchEngine:
             if fd >= 0:
                 os.close(fd)
                 fd = -1
+        if claim:
+            self._tier.drop_claim(claim)
         if not item.pin and fd >= 0:
             os.close(fd)
             fd = -1
@@ -416,16 +460,15 @@ class PrefetchEngine:
             if keep:
                 item.state, item.pin_fd = "pinned", fd
             else:
-                if current:
-                    self._forget(item)
+                if fd >= 0:  # before the item is done: one who waited for it finds no lock
+                    os.close(fd)
+                self._forget(item)  # out of the table only if it is still this item's
                 self._uncharge(item)
                 if item.brought and not item.read:
                     self._remember_unused(item)
             self._cond.notify_all()
-        if not keep and fd >= 0:
-            os.close(fd)
 
-    def _pin_cached(self, item: _Item, entry: CachedEntry | None) -> tuple[int, int | None]:
+    def _pin_cached(self, item: Item, entry: CachedEntry | None) -> tuple[int, int | None]:
         """A shared lock on a cached entry's data, which keeps eviction off it, and its size;
         -1 if gone (or only in the shared tier)."""
         if entry is None:
@@ -438,7 +481,7 @@ class PrefetchEngine:
 
     # -- bookkeeping (hold the lock) ---------------------------------------------------------
 
-    def _drop(self, item: _Item, outcome: str | None = None, why: object = None) -> None:
+    def _drop(self, item: Item, outcome: str | None = None, why: object = None) -> None:
         """Remove an item; tell its handles how it ended (if ``outcome``)."""
         if outcome is not None:
             error = why if isinstance(why, (BaseException, str)) else None
@@ -448,12 +491,12 @@ class PrefetchEngine:
             self._uncharge(item)
         self._forget(item)
 
-    def _forget(self, item: _Item) -> None:
+    def _forget(self, item: Item) -> None:
         if self._items.get(item.path) is item:
             del self._items[item.path]
         item.state = "gone"
 
-    def _uncharge(self, item: _Item) -> None:
+    def _uncharge(self, item: Item) -> None:
         for budget in item.budgets:
             if not budget.sticky:
                 budget.used -= item.charged
@@ -463,7 +506,7 @@ class PrefetchEngine:
         self._stats.add("prefetch_used")
         self._stats.add("prefetch_used_bytes", size)
 
-    def _remember_unused(self, item: _Item) -> None:
+    def _remember_unused(self, item: Item) -> None:
         self._unused[item.path] = (item.bucket, item.key, item.size or 0)
         while len(self._unused) > _UNUSED_RECORDS:
             self._unused.popitem(last=False)
@@ -479,7 +522,7 @@ class PrefetchEngine:
         return entry is not None and self._tier.is_intact(entry)
 
 
-def _close(item: _Item) -> None:
+def _close(item: Item) -> None:
     fd, item.pin_fd = item.pin_fd, -1
     if fd >= 0:
         with contextlib.suppress(OSError):

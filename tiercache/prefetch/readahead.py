@@ -1,19 +1,21 @@
 """``ReadAhead``: a known read order; opening object i prefetches i+1..i+k, k growing on waits.
 
 The depth grows each time the reader has to wait for an object: by one, and to at least the
-objects the engine keeps in flight (which grow with it, sized by the link's latency).
+objects the engine keeps in flight (which grow with it, sized by the link's latency). The
+order, and the reader's position in it, also rank the tier's eviction by next use.
 """
 
 from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from types import TracebackType
 
 from tiercache.prefetch.engine import MAX_PREFETCH_WORKERS, Budget, PrefetchEngine, Target
 from tiercache.prefetch.handle import PrefetchHandle
 from tiercache.stats import Stats
+from tiercache.tiers.next_use import Floor
 
 MAX_DEPTH = 2 * MAX_PREFETCH_WORKERS
 
@@ -29,8 +31,10 @@ class ReadAhead:
     object may appear more than once (several epochs in one order): an open counts as its
     next occurrence after the reader's position. The engine's window (and ``window_bytes``,
     if given, for this order alone) bounds the bytes held ahead of the reader: past it the
-    next object waits until the reader opens one. ``close()`` (or leaving the ``with``
-    block) releases what is left.
+    next object waits until the reader opens one. The order (and what ``expect_after``
+    adds) tells eviction which entries are read soonest: those are kept, the ones read
+    furthest ahead or never again go first. ``close()`` (or leaving the ``with`` block)
+    releases what is left.
     """
 
     def __init__(
@@ -57,6 +61,7 @@ class ReadAhead:
         self._scheduled = 0  # objects before this one are queued, done or passed by
         self.handle = PrefetchHandle(engine.cancel, sealed=False)
         self._closed = False
+        self._hint = engine.next_use.add([engine.entry_id(b, key) for b, key, _ in self._order])
         engine.listen(list(self._positions), self)
         self._schedule(0, min(k, len(self._order)))
 
@@ -75,6 +80,12 @@ class ReadAhead:
         self.close()
 
     @property
+    def cursor(self) -> int:
+        """The position of the last object of the order the reader opened (-1: none yet)."""
+        with self._lock:
+            return self._cursor
+
+    @property
     def paths(self) -> list[str]:
         """The order, as ``bucket/key`` paths."""
         return list(self._paths)
@@ -90,6 +101,8 @@ class ReadAhead:
             i = positions[min(nth, len(positions) - 1)]
             waited = not ready and self._cursor >= 0
             self._cursor = max(self._cursor, i)
+            cursor = self._cursor
+        self._hint.advance(cursor)
         if waited:
             self._engine.add_worker()
             with self._lock:
@@ -102,12 +115,28 @@ class ReadAhead:
             k = self.k
         self._schedule(i + 1, min(i + 1 + k, len(self._order)))
 
+    def eviction_floor(self, path: str) -> Floor | None:
+        """What eviction may take to bring ``path`` for its next read (see ``OrderHint``)."""
+        positions = self._positions.get(path)
+        with self._lock:
+            cursor = self._cursor
+        nth = bisect.bisect_right(positions or [], cursor)
+        if positions is None or nth == len(positions):
+            return None
+        return self._hint.floor(positions[nth])
+
+    def expect_after(self, paths: Iterable[str]) -> None:
+        """``bucket/key`` paths the reader reads after this order (its next epoch, say): they
+        rank eviction as the order's continuation; nothing is prefetched for them."""
+        self._hint.extend(self._engine.entry_id(*_split(path)) for path in paths)
+
     def close(self) -> None:
         """Stop prefetching for this order; what it holds unread becomes evictable."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+        self._hint.close()
         self._engine.unlisten(list(self._positions), self)
         self.handle.cancel()
 
@@ -124,3 +153,8 @@ class ReadAhead:
         )
         if end == len(self._order):
             self.handle.seal()
+
+
+def _split(path: str) -> tuple[str, str]:
+    bucket, _, key = path.removeprefix("s3://").partition("/")
+    return bucket, key

@@ -1,5 +1,7 @@
 """``LocalTier``: a directory with a byte budget holding published entries, evicted by LRU.
 
+Where read orders are known, eviction goes by next use instead (``tiers/next_use.py``).
+
 On-disk layout (all names derived from a SHA-256 of store namespace and source URL, so any S3
 key is storable and nothing can land outside the root)::
 
@@ -20,6 +22,8 @@ import dataclasses
 import errno
 import fcntl
 import hashlib
+import itertools
+import math
 import os
 import re
 import stat
@@ -42,6 +46,7 @@ from tiercache.tiers.entry import (
     write_atomically,
 )
 from tiercache.tiers.locks import is_shared_locked, lock, try_lock, unlock
+from tiercache.tiers.next_use import NextUse
 
 _SCAN_REUSE_SECONDS = 1.0
 
@@ -107,7 +112,13 @@ class LocalTier:
         self.boot_id = current_boot_id()
         # Entries eviction must leave alone besides dirty and open ones (set by the runtime).
         self.keep: Callable[[EntryMeta], bool] = lambda meta: False
+        # Read orders that rank eviction by next use (set by the prefetch engine; none for a
+        # shared tier, whose entries serve other hosts' readers).
+        self.next_use: NextUse | None = None
         self._lock = threading.Lock()
+        self._room_lock = threading.Lock()  # one ``make_room`` at a time: check, then reserve
+        self._claims: dict[int, int] = {}  # claim -> bytes (``make_room``), oldest first
+        self._claim_ids = itertools.count(1)
         self._scan_cache: tuple[float, int] | None = None
         self._published_bytes = 0  # by this process, ever (see ``_cache_scan``)
         self._scanning = False  # a thread is scanning for ``usage``
@@ -117,6 +128,8 @@ class LocalTier:
     def after_fork(self) -> None:
         """Reservations belong to the parent's fetches; a child starts with none."""
         self._lock = threading.Lock()
+        self._room_lock = threading.Lock()
+        self._claims = {}
         self._reserved = 0
         self._scanning = False
 
@@ -358,7 +371,10 @@ class LocalTier:
         fetches does not scan the tier for every object.
         """
         with self._lock:
-            self._reserved += nbytes
+            # A prefetch's room (``make_room``) counts already: taken over, not counted twice
+            # (which fetch's it was does not matter, the bytes reserved come out the same).
+            claim = next(iter(self._claims), None)
+            self._reserved += nbytes - (0 if claim is None else self._claims.pop(claim))
             reserved = self._reserved
         free_short = self.free_shortfall(nbytes)
         if self.usage() > self.max_bytes * self.high_watermark or free_short:
@@ -377,6 +393,31 @@ class LocalTier:
         st = os.statvfs(self.root)
         return max(0, self.min_free_bytes + nbytes - st.f_bavail * st.f_frsize)
 
+    def make_room(self, nbytes: int, floor: float) -> int | None:
+        """Reserve ``nbytes`` about to be prefetched, evicting only entries in no known order
+        or read no sooner than ``floor`` (see ``NextUse``); None, reserving nothing, if that
+        cannot be had. Else a claim, that the next ``reserve`` takes over: until then another
+        fetch's ``reserve`` would see the room free and evict with no floor. ``drop_claim``
+        once the fetch has started (or will not)."""
+        with self._room_lock:
+            if self.usage() + nbytes > self.fill_limit():
+                with self._lock:
+                    reserved = self._reserved
+                target = int(self.max_bytes * self.low_watermark) - reserved - nbytes
+                report = self.evict(max(0, target), count_parts=False, floor=floor)
+                if report.usage_after + reserved + nbytes > self.fill_limit():
+                    return None
+            with self._lock:
+                claim = next(self._claim_ids)
+                self._claims[claim] = nbytes
+                self._reserved += nbytes
+            return claim
+
+    def drop_claim(self, claim: int) -> None:
+        """Give back a claim no ``reserve`` took over."""
+        with self._lock:
+            self._reserved -= self._claims.pop(claim, 0)
+
     def release(self, nbytes: int) -> None:
         """The reserved bytes are now published (and counted by ``usage``) or abandoned."""
         with self._lock:
@@ -388,30 +429,49 @@ class LocalTier:
         dry_run: bool = False,
         free_needed: int = 0,
         count_parts: bool = True,
+        floor: float | None = None,
     ) -> EvictionReport:
-        """Remove least-recently-used clean entries until usage is at most ``target_bytes``
-        (and at least ``free_needed`` bytes were freed).
+        """Remove clean entries until usage is at most ``target_bytes`` (and at least
+        ``free_needed`` bytes were freed): least recently used first or, where read orders
+        are known (``next_use``), those in no order first, then the ones read furthest ahead
+        (none read sooner than ``floor`` objects ahead, if given).
 
         Entries that are pinned, open (a reader's shared lock), being fetched or published
-        (the entry lock), dirty, or chosen by ``keep`` (the newest checkpoints) are kept.
+        (the entry lock), dirty, or chosen by ``keep`` (the newest checkpoints) are kept, and
+        so are those this process's prefetch is about to pin.
         """
         with self._lock:
             before = self._published_bytes
         rows = sorted(self._scan(count_parts), key=lambda r: r.last_access)
+        hints = self.next_use
+        ranked, known = (rows, {}) if hints is None else hints.rank(rows)
         usage = sum(r.size for r in rows)
         report = EvictionReport()
-        for row in rows:
+        busy: set[str] = set()
+        for row in ranked:
             if usage <= target_bytes and report.removed_bytes >= free_needed:
                 break
+            if floor is not None and known.get(row.entry_id, math.inf) < floor:
+                break  # ranked: every row after this one is read sooner still
+            protected = hints is not None and hints.is_protected(row.entry_id)
             if row.pinned:
                 report.kept_pinned += 1
-            elif self._evict_one(row, dry_run):
+            elif not protected and self._evict_one(row, dry_run):
                 usage -= row.size
                 report.removed.append(row.entry_id)
                 report.removed_bytes += row.size
             else:
                 report.kept_busy += 1
+                busy.add(row.entry_id)
         report.usage_after = usage
+        if hints is not None and not dry_run and known:
+            hints.account(
+                rows,
+                known,
+                report.removed,
+                report.removed_bytes,
+                lambda entry_id: entry_id in busy or is_shared_locked(self.paths(entry_id).data),
+            )
         if count_parts or dry_run:  # the cache holds published entries only (see ``usage``)
             with self._lock:
                 self._scan_cache = None

@@ -1,0 +1,58 @@
+"""The prefetch queue's items, the budgets they count against and the orders told of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tiercache.prefetch.handle import PrefetchHandle
+from tiercache.tiers.next_use import Floor
+
+Target = tuple[str, str, "int | None"]  # bucket, key, size if known
+
+
+class OrderListener(Protocol):
+    """A read-ahead order, told when a reader opens one of its objects (``ready``: its bytes
+    were already in the tier, so the reader did not wait); it says what eviction may take to
+    bring one of them (``eviction_floor``) and where its reader is (``cursor``)."""
+
+    def opened(self, path: str, ready: bool) -> None: ...
+    def eviction_floor(self, path: str) -> Floor | None: ...
+    @property
+    def cursor(self) -> int: ...
+
+
+@dataclass
+class Budget:
+    """Bytes a set of items may hold at once. A sticky budget is never given back: items that
+    do not fit are skipped instead of waiting (a request with no reader to free room)."""
+
+    limit: int
+    used: int = 0
+    sticky: bool = False
+
+    def fits(self, nbytes: int) -> bool:
+        return self.used + nbytes <= self.limit
+
+
+@dataclass(eq=False)
+class Item:
+    """One object in the queue, however many requests asked for it."""
+
+    bucket: str
+    key: str
+    size: int | None
+    pin: bool
+    budgets: tuple[Budget, ...]
+    rank: tuple[int, int]  # (-priority, arrival): the queue's order
+    handles: list[PrefetchHandle] = field(default_factory=list)
+    state: str = "queued"  # queued → running → pinned → gone
+    read: bool = False  # a reader opened it while it was being fetched
+    brought: bool = False  # its bytes came from the store through this item's fetch
+    charged: int = 0
+    pin_fd: int = -1
+    local: bool = True  # False: fill the shared tier only (no copy into the local one)
+
+    @property
+    def path(self) -> str:
+        return f"{self.bucket}/{self.key}"
