@@ -64,6 +64,8 @@ class AttrCache:
 
     The store answers a stat with a HEAD and a directory with a LIST; tools such as ``ls -l``
     and ``cp -r`` stat every name they list, so a listing fills the cache for its children.
+    A child whose attributes a listing cannot tell in full (the metadata of a read-write
+    mount's files) keeps its listing row instead, for ``getattr`` to complete.
     """
 
     def __init__(self, ttl: float) -> None:
@@ -71,6 +73,7 @@ class AttrCache:
         self._lock = threading.Lock()
         self._attrs: dict[str, tuple[float, Attr | None]] = {}
         self._listings: dict[str, tuple[float, list[str]]] = {}
+        self._rows: dict[str, tuple[float, dict[str, Any]]] = {}
 
     def get(self, path: str) -> tuple[bool, Attr | None]:
         """``(known, attr)``: known is False when the cache has nothing fresh for ``path``."""
@@ -85,6 +88,7 @@ class AttrCache:
             return
         with self._lock:
             self._attrs[path] = (time.monotonic(), attr)
+            self._rows.pop(path, None)
 
     def listing(self, path: str) -> list[str] | None:
         with self._lock:
@@ -93,7 +97,33 @@ class AttrCache:
             return None
         return hit[1]
 
-    def put_listing(self, path: str, names: list[str], children: dict[str, Attr]) -> None:
+    def listed(self, path: str) -> tuple[dict[str, Any] | None, bool]:
+        """The row of ``path`` in the last listing of its directory, if that listing did not
+        tell all its attributes and nothing forgot it since, and whether it was made less than
+        ``ttl`` ago."""
+        with self._lock:
+            hit = self._rows.get(path)
+        if hit is None:
+            return None, False
+        return hit[1], time.monotonic() - hit[0] <= self.ttl
+
+    def settle(self, path: str, row: dict[str, Any], attr: Attr) -> None:
+        """The attributes of a file listed as ``row``, unless forgotten or listed anew since."""
+        with self._lock:
+            hit = self._rows.get(path)
+            if hit is not None and hit[1] is row:
+                del self._rows[path]
+                self._attrs[path] = (time.monotonic(), attr)
+
+    def put_listing(
+        self,
+        path: str,
+        names: list[str],
+        children: dict[str, Attr],
+        rows: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        """A listing of ``path``: its names, its children's attributes, and the rows of
+        children whose attributes it does not tell in full."""
         if self.ttl <= 0:
             return
         now = time.monotonic()
@@ -101,11 +131,15 @@ class AttrCache:
             self._listings[path] = (now, names)
             for child, attr in children.items():
                 self._attrs[child] = (now, attr)
+                self._rows.pop(child, None)
+            for child, row in (rows or {}).items():
+                self._rows[child] = (now, row)
 
     def forget(self, path: str) -> None:
         """Drop what is known about ``path`` and the listing of its parent (it changed)."""
         parent = path.rsplit("/", 1)[0] or "/"
         with self._lock:
             self._attrs.pop(path, None)
+            self._rows.pop(path, None)
             self._listings.pop(path, None)
             self._listings.pop(parent, None)

@@ -11,7 +11,8 @@ What is set is kept here first (``getattr`` answers from it at once) and publish
 worker thread: it waits until the object's own upload has landed (``fs.flush``), then
 replaces the object's metadata with a CopyObject onto itself that holds only if the object
 is still the one it read (``CopySourceIfMatch``). A write to the path drops a kept mtime (the
-write is newer) but not a kept mode.
+write is newer) but not a kept mode. What objects' metadata says, read by a HEAD or published
+here, is remembered per object version as the consistency mode allows (``stored``).
 
 A directory has no object to hold metadata: its times and mode are kept by this mount only,
 until it ends (enough for ``rsync -a`` run twice against one mount).
@@ -28,6 +29,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from tiercache.errors import ObjectNotFoundError
+from tiercache.metadata.freshness import Freshness
+from tiercache.mount.stored import StoredMetadata, Version
 from tiercache.store.base import ObjectInfo
 
 log = logging.getLogger("tiercache.mount")
@@ -119,6 +122,7 @@ class AttrKeeper:
     ) -> None:
         self._fs = fs
         self._store = fs.store if isinstance(fs.store, MetadataStore) else None
+        self._stored = StoredMetadata(Freshness(fs.config.consistency, fs.config.ttl))
         self._full = full
         self._is_open = is_open
         self._on_published = on_published
@@ -162,7 +166,8 @@ class AttrKeeper:
                     self._kept[path] = kept
 
     def moved(self, old: str, new: str) -> None:
-        """Renamed (a file, or a directory with everything under it)."""
+        """Renamed (a file, or a directory with everything under it: see ``changed``)."""
+        self._stored.forget(old, new)
         with self._cond:
             self._kept.pop(new, None)
             prefix = old.rstrip("/") + "/"
@@ -175,6 +180,7 @@ class AttrKeeper:
             self._cond.notify_all()
 
     def removed(self, path: str) -> None:
+        self._stored.forget(path)
         with self._cond:
             self._dirs.pop(path, None)
             self._kept.pop(path, None)
@@ -191,17 +197,46 @@ class AttrKeeper:
                 self._worker.start()
             self._cond.notify_all()
 
-    def stored(self, path: str, etag: str | None) -> SetAttrs:
-        """What the metadata of the object in the store says, if it is the version whose
-        ETag is ``etag`` (a version written here and not uploaded yet has no metadata)."""
-        if self._store is None:
+    def changed(self, *paths: str) -> None:
+        """The objects at ``paths`` were rewritten, moved or deleted here."""
+        self._stored.forget(*paths)
+
+    def stored(self, path: str, version: Version | None, vouched: bool) -> SetAttrs:
+        """What the metadata of the object in the store says, if it is ``version`` (None: a
+        version written here and not uploaded yet, which has no metadata): remembered while
+        the consistency mode allows (``vouched``: see ``StoredMetadata.known``), else read by
+        a HEAD."""
+        if self._store is None or version is None:
             return SetAttrs()
+        known = self._stored.known(path, version, vouched)
+        if known is not None:
+            return known
+        found = self.head(path)
+        if found is None:
+            return SetAttrs()
+        info, attrs = found
+        return attrs if info.etag == version.etag else SetAttrs()
+
+    def head(self, path: str) -> tuple[ObjectInfo, SetAttrs] | None:
+        """The object's info and what its metadata says, read now (and remembered); None:
+        no such object."""
+        assert self._store is not None
         bucket, _, key = self._full(path).partition("/")
+        read_at = time.time()
         try:
             info, meta = self._store.user_metadata(bucket, key)
         except ObjectNotFoundError:
+            return None
+        attrs = from_metadata(meta)
+        self._stored.remember(path, Version.of_info(info), attrs, read_at)
+        return info, attrs
+
+    def remembered(self, path: str, version: Version, vouched: bool = True) -> SetAttrs | None:
+        """``stored`` without asking the store (by default for a version a listing of the
+        moment showed): None where that would take a HEAD."""
+        if self._store is None:
             return SetAttrs()
-        return from_metadata(meta) if info.etag == etag else SetAttrs()
+        return self._stored.known(path, version, vouched)
 
     def drain(self, timeout: float) -> None:
         """Publish everything due now (at unmount), waiting at most ``timeout`` seconds."""
@@ -256,10 +291,19 @@ class AttrKeeper:
         bucket, _, key = full.partition("/")
         try:
             self._fs.flush(full, timeout=_UPLOAD_WAIT)  # its own upload lands first
+            read_at = time.time()
             info, meta = self._store.user_metadata(bucket, key)
             wanted = {**meta, **to_metadata(attrs)}
-            if wanted != meta:
+            if wanted == meta:
+                self._stored.remember(path, Version.of_info(info), from_metadata(meta), read_at)
+            else:
                 self._store.replace_metadata(bucket, key, wanted, info.etag)
+                # Remembered before the kept attributes are dropped, so that getattr never
+                # answers from what the object held before. The copy has a LastModified of
+                # its own (unknown here) and may have a new ETag (that of a multipart object
+                # changes); a tier's copy keeps showing the old one.
+                published = Version(info.etag, info.size, None)
+                self._stored.remember(path, published, from_metadata(wanted), time.time())
         except ObjectNotFoundError:
             log.debug("%s: gone before its attributes were published", path)
             self._forget(path, attrs)

@@ -26,8 +26,10 @@ from tiercache.mount.caller import closing_state
 from tiercache.mount.errno_map import errno_for
 from tiercache.mount.handles import EntryHandle, HandleTable, ReadObserver, ReadOpener
 from tiercache.mount.kept import DEFAULT_FILE_MODE, AttrKeeper, SetAttrs
+from tiercache.mount.lookahead import MetadataLookAhead
 from tiercache.mount.moves import TreeMoveError, move_tree, objects_under
 from tiercache.mount.passthrough import Passthrough
+from tiercache.mount.stored import Version
 from tiercache.mount.writable import WritableFile, WritableFiles
 
 log = logging.getLogger("tiercache.mount")
@@ -86,6 +88,12 @@ class MountOptions:
     passthrough: bool = True  # the kernel reads warm read-only opens from the tier file
 
 
+def _with_metadata(attr: Attr, meta: SetAttrs) -> Attr:
+    """A stored file's attributes with the mtime and mode its object metadata holds."""
+    mtime_ns = attr.mtime_ns if meta.mtime_ns is None else meta.mtime_ns
+    return Attr(False, attr.size, mtime_ns, meta.mode)
+
+
 class MountOperations:
     """The operations a FUSE binding calls; ``raw_fi`` style (``fi`` carries ``fh`` and flags)."""
 
@@ -126,6 +134,7 @@ class MountOperations:
         self.kept = AttrKeeper(
             fs, self._full, lambda path: self.writables.current(path) is not None, self.cache.forget
         )
+        self.lookahead = MetadataLookAhead(self._read_listed)
 
     def counters(self) -> dict[str, int]:
         """The mount's own counters: its ranged reads, and opens read through passthrough."""
@@ -172,6 +181,8 @@ class MountOperations:
             gone = self._is_gone(path)
         if gone:
             raise FuseError(errno.ENOENT)
+        if not self.options.read_only:
+            self.lookahead.wanted(path)  # waits for a read of it under way
         known, attr = self.cache.get(path)
         if not known:
             full = self._full(path)
@@ -180,28 +191,70 @@ class MountOperations:
                 # directory), so a name not written here does not exist: no round trip needed.
                 attr = None
             else:
-                try:
-                    info = self.fs.info(full)
-                    attr = self._with_stored_metadata(path, info)
-                except FileNotFoundError:
-                    attr = None
+                attr = self._ask_store(path, full)
             self.cache.put(path, attr)
         if attr is None:
             raise FuseError(errno.ENOENT)
         return attr
 
-    def _with_stored_metadata(self, path: str, info: dict[str, Any]) -> Attr:
+    def _ask_store(self, path: str, full: str) -> Attr | None:
+        """What a listing of the moment, else ``fs.info``, and the object's metadata say of
+        ``path``; None: nothing there."""
+        row, fresh = self.cache.listed(path)
+        if row is not None and fresh:
+            return self._listed_attr(path, row)
+        # Outside ``always`` mode a tier's copy answers info with the LastModified of its own
+        # fetch, which says nothing of metadata set since (that keeps the ETag).
+        vouched = (
+            self.options.read_only
+            or self.fs.config.consistency == "always"
+            or not self.fs.is_cached(full)
+        )
+        try:
+            row = self.fs.info(full)
+        except FileNotFoundError:
+            return None
+        return self._with_stored_metadata(path, row, vouched)
+
+    def _with_stored_metadata(self, path: str, info: dict[str, Any], vouched: bool) -> Attr:
         """A stored file's attributes with the mtime and mode its metadata holds."""
         attr = attr_from_info(info)
         if attr.is_dir or self.options.read_only:  # a data mount: no HEAD per stat
             return attr
-        meta = self.kept.stored(path, info.get("ETag"))
-        return Attr(
-            False,
-            attr.size,
-            attr.mtime_ns if meta.mtime_ns is None else meta.mtime_ns,
-            meta.mode,
-        )
+        return _with_metadata(attr, self.kept.stored(path, Version.of_row(info), vouched))
+
+    def _listed_attr(self, path: str, row: dict[str, Any]) -> Attr | None:
+        """A file a listing of the moment showed: its row with its remembered metadata, else
+        what a HEAD says (which is as fresh as a getattr's own); None: gone since."""
+        version = Version.of_row(row)
+        meta = None if version is None else self.kept.remembered(path, version)
+        if meta is not None:
+            return _with_metadata(attr_from_info(row), meta)
+        return self._head_attr(path)
+
+    def _head_attr(self, path: str) -> Attr | None:
+        found = self.kept.head(path)
+        if found is None:
+            return None
+        info, meta = found
+        attr = attr_from_info({"type": "file", "size": info.size, "mtime": info.last_modified})
+        return _with_metadata(attr, meta)
+
+    def _read_listed(self, path: str) -> None:
+        """The look-ahead's read: what the stat of a listed file will want, unless remembered
+        metadata answers it (with the row of a listing of the moment, or with ``fs.info``)."""
+        row, fresh = self.cache.listed(path)
+        version = None if row is None else Version.of_row(row)
+        if row is None or version is None:
+            return  # forgotten since: changed here
+        meta = self.kept.remembered(path, version, vouched=fresh)
+        if meta is not None:
+            if fresh:
+                self.cache.settle(path, row, _with_metadata(attr_from_info(row), meta))
+            return
+        attr = self._head_attr(path)  # as fresh as the stat's own: kept for the attr timeout
+        if attr is not None:
+            self.cache.settle(path, row, attr)
 
     def _is_gone(self, path: str) -> bool:
         """Deleted here lately (hold ``_dirs_lock``): trusted over what a listing says."""
@@ -285,6 +338,7 @@ class MountOperations:
             raise FuseError(errno.ENOTDIR)
         base = self._full(path)
         children: dict[str, Attr] = {}
+        rows_of: dict[str, dict[str, Any]] = {}
         try:
             rows = self.fs.ls(base, detail=True)
         except FileNotFoundError:
@@ -298,20 +352,43 @@ class MountOperations:
                 child = self._child(path, name)
                 if name and str(row["name"]).rstrip("/") != base and not self._is_gone(child):
                     children[child] = attr_from_info(row)
+                    rows_of[child] = row
         for entry in self.writables.under(path):
             rest = entry.path[len(path.rstrip("/")) + 1 :]
             if "/" not in rest:
                 children[entry.path] = self._entry_attr(entry)
+                rows_of.pop(entry.path, None)
         with self._dirs_lock:
             for made in self._made_dirs:
                 if posixpath.dirname(made) == path:
                     children[made] = DIRECTORY
+                    rows_of.pop(made, None)
         names = sorted(posixpath.basename(child) for child in children)
-        # A listing has no object metadata (times and modes): on a read-write mount files
-        # are left for getattr to ask about.
-        known = {c: a for c, a in children.items() if a.is_dir or self.options.read_only}
-        self.cache.put_listing(path, names, known)
+        known, unknown = self._listed_attrs(children, rows_of)
+        self.cache.put_listing(path, names, known, unknown)
+        if not self.options.read_only and self.cache.ttl > 0:  # else no rows are kept
+            self.lookahead.listed(path, sorted(unknown))
         return names
+
+    def _listed_attrs(
+        self, children: dict[str, Attr], rows_of: dict[str, dict[str, Any]]
+    ) -> tuple[dict[str, Attr], dict[str, dict[str, Any]]]:
+        """The children whose attributes a listing tells, and the rows of the files whose
+        metadata (times and modes, on a read-write mount) is left for getattr to read."""
+        if self.options.read_only:
+            return children, {}
+        known = {child: attr for child, attr in children.items() if attr.is_dir}
+        unknown: dict[str, dict[str, Any]] = {}
+        for child, row in rows_of.items():
+            version = Version.of_row(row)
+            if version is None:  # a directory, or a pending write: getattr asks fs.info
+                continue
+            meta = self.kept.remembered(child, version)
+            if meta is None:
+                unknown[child] = row
+            else:
+                known[child] = _with_metadata(children[child], meta)
+        return known, unknown
 
     @staticmethod
     def _child(path: str, name: str) -> str:
@@ -481,6 +558,7 @@ class MountOperations:
         finally:
             self.writables.finished(entry)
         self.cache.forget(entry.path)
+        self.kept.changed(entry.path)
         if size is not None:
             self.cache.put(entry.path, Attr(False, size, time.time_ns()))
         self.kept.schedule(entry.path)  # times and modes set while it was open
@@ -592,6 +670,7 @@ class MountOperations:
         except TreeMoveError as exc:
             raise FuseError(errno.EIO) from exc
         moved = [self.root_relative(name) for name in names]
+        self.kept.changed(*moved, *(new + name[len(old) :] for name in moved))
         with self._dirs_lock:
             for known in (self._made_dirs, self._fresh_dirs):
                 for made in [d for d in known if d == old or d.startswith(old + "/")]:
@@ -685,4 +764,5 @@ class MountOperations:
                     handle.close()
             except Exception:
                 log.exception("closing %s at unmount", handle.path)
+        self.lookahead.close()
         self.kept.drain(ATTRS_DRAIN)
