@@ -413,3 +413,23 @@ def test_prefetch_of_a_list_learns_sizes_from_the_gets_and_skips_what_cannot_fit
     assert not fs.is_cached("b/sized/huge")
     assert progress.skipped == 1
     assert fs.stats()["bytes_fetched"] == 4 * 8 * KiB  # none of the huge one's bytes kept
+
+
+def test_a_warm_read_ahead_epoch_reports_every_object_cached_and_fetches_none(
+    tmp_path: Path,
+) -> None:
+    """Objects a reader may open as they are (fresh in the local tier, which has room for the
+    window besides) are done at once, reported cached, and nothing is left pinned."""
+    store = MemoryStore(["b"])
+    blobs = _put(store, "warm", 20, 4 * KiB)
+    fs = _fs(tmp_path, store)
+    assert fs.cat(list(blobs)) == blobs  # cold: fetched by the engine's workers
+    fs.wait_fetches()
+    fetches = fs.stats()["fetches"]
+    with fs.read_ahead(list(blobs)) as order:
+        for path in order.paths:
+            assert fs.cat_file(path) == blobs[path]
+        progress = order.handle.progress()
+    assert progress.cached == len(blobs) and progress.fetched == 0
+    assert fs.stats()["fetches"] == fetches
+    assert fs._runtime.prefetch.pinned_bytes() == 0

@@ -119,16 +119,25 @@ class PrefetchEngine:
         pin: bool = True,
         budgets: Sequence[Budget] = (),
         local: bool = True,
+        ready_done: bool = False,
     ) -> None:
         """Queue objects for ``handle``; the window (and any ``budgets``) bound them.
 
-        ``local=False`` fills the shared tier only."""
+        ``local=False`` fills the shared tier only. ``ready_done``: objects a reader may open
+        as they are in the local tier are done at once (see ``_ready_in_tier``), looked up in
+        the caller's thread: for a read-ahead order, which asks for a few at a time."""
         all_budgets = (self.window, *budgets)
+        ready = self._ready_in_tier(targets) if ready_done and pin and local else {}
         with self._cond:
             for bucket, key, size in targets:
-                handle.add(1, size or 0)
                 path = f"{bucket}/{key}"
                 item = self._items.get(path)
+                cached = ready.get(path)
+                if item is None and cached is not None:
+                    handle.add(1, cached)
+                    handle.finish(path, CACHED, cached)
+                    continue
+                handle.add(1, size or 0)
                 if item is not None and item.state == "pinned":
                     handle.finish(path, CACHED, item.size or 0)
                     continue
@@ -144,6 +153,24 @@ class PrefetchEngine:
                     heapq.heappush(self._heap, (*item.rank, next(self._seq), item))
             self._start_workers()
             self._cond.notify_all()
+
+    def _ready_in_tier(self, targets: Sequence[Target]) -> dict[str, int]:
+        """Objects of ``targets`` whose local entry a reader may open as it is (fresh, or
+        vouched for by a listing), by path, with their sizes, while the tier has room for the
+        whole window besides (so nothing evicts them for prefetch's sake before their reader
+        comes): no worker needs to find and pin them. A warm epoch then costs its reader's
+        opens alone, not a worker's lookup, pin and hand-over for every object as well."""
+        tier = self._tier
+        if tier.usage() + self.window.limit > tier.fill_limit():
+            return {}
+        ready = {}
+        for bucket, key, _ in targets:
+            entry = self._read_path.cached(bucket, key)
+            if entry is not None and (
+                entry.meta.state == "dirty" or self._read_path.vouched_for(entry, bucket, key)
+            ):
+                ready[f"{bucket}/{key}"] = entry.meta.size
+        return ready
 
     def cancel(self, handle: PrefetchHandle) -> None:
         """Drop ``handle``'s queued objects and unpin the ones only it wanted."""

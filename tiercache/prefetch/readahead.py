@@ -149,7 +149,12 @@ class ReadAhead:
             batch = self._order[start:end]
             self._scheduled = end
         self._engine.submit(
-            batch, self.handle, priority=self._priority, pin=True, budgets=self._budgets
+            batch,
+            self.handle,
+            priority=self._priority,
+            pin=True,
+            budgets=self._budgets,
+            ready_done=True,  # a warm epoch: no worker for what its reader may open as it is
         )
         if end == len(self._order):
             self.handle.seal()
