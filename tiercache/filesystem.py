@@ -316,7 +316,10 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
                 return KnownInfo("file", row, asked_at), None
         pending = self._pending_under(bucket, key + "/")  # before the LIST: see ls
         below = next(iter(self.store.list_objects(bucket, key + "/", "/")), None)
-        known = KnownInfo("absent" if below is None else "directory", None, asked_at)
+        # A write pending below before the LIST is in the LIST or still pending: asked again
+        # after it, its upload could have landed after the LIST, and the key be in neither.
+        directory = below is not None or pending
+        known = KnownInfo("directory" if directory else "absent", None, asked_at)
         if not pending:
             self._meta.remember_info(bucket, key, known.state, None, asked_at)
         return known, missing
