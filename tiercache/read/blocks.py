@@ -159,6 +159,16 @@ class BlockFetcher:
             if leader:
                 self._executor().submit(self._lead_quietly, entry, src, index, event)
 
+    def wait_completions(self, timeout: float = 60.0) -> None:
+        """Wait (up to ``timeout`` seconds) until the block entries being completed in the
+        background now are whole entries, or have given up."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._completing:
+                    return
+            time.sleep(0.01)
+
     def maybe_complete(self, entry: BlockEntry, src: BlockSource) -> None:
         """Fetch the rest of the object in the background once enough of it has been read."""
         if not entry.blocks or entry.present_count() < self._config.whole_object_after * (

@@ -343,6 +343,7 @@ class ReadPath:
         for fetch in running:
             with contextlib.suppress(Exception):
                 fetch.wait_finished()
+        self.blocks.wait_completions()  # block entries being made whole publish too
 
     def invalidate_shared(self, bucket: str, key: str) -> None:
         """Drop the shared tier's copy of an object this process is about to replace."""
