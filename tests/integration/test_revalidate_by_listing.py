@@ -34,6 +34,12 @@ def _read_all(fs: Any, bucket: str, bodies: dict[str, bytes]) -> None:
             assert f.read() == body, key
 
 
+def _requests_between(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
+    """Store requests by operation between two ``fs.stats()``."""
+    old = before["store_requests"]
+    return {op: n - old.get(op, 0) for op, n in after["store_requests"].items()}
+
+
 def test_a_warm_epoch_after_the_ttl_sends_one_list_and_no_head(
     make_fs: Any, s3_client: Any, bucket: str
 ) -> None:
@@ -42,10 +48,9 @@ def test_a_warm_epoch_after_the_ttl_sends_one_list_and_no_head(
     _read_all(fs, bucket, bodies)
     fs.wait_fetches()
     time.sleep(TTL + 0.2)
-    before = dict(fs.stats()["store_requests"])
+    before = fs.stats()
     _read_all(fs, bucket, bodies)
-    after = fs.stats()["store_requests"]
-    sent = {op: after.get(op, 0) - before.get(op, 0) for op in after}
+    sent = _requests_between(before, fs.stats())
     assert sent.get("HeadObject", 0) == 0
     assert sent.get("GetObject", 0) == 0
     assert sent.get("ListObjectsV2", 0) == 1  # 150 objects: one page
@@ -112,9 +117,7 @@ def test_a_listing_sees_an_object_changed_deleted_and_added(
         fs.cat_file(f"{bucket}/{deleted}")
     assert not fs.is_cached(f"{bucket}/{deleted}")
     after = fs.stats()
-    requests = {
-        op: n - before["store_requests"].get(op, 0) for op, n in after["store_requests"].items()
-    }
+    requests = _requests_between(before, after)
     assert requests.get("HeadObject", 0) == 0
     assert requests.get("GetObject", 0) == 2  # the changed object and the added one
     assert after["invalidations"] - before["invalidations"] == 2  # changed and deleted
