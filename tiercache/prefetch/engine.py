@@ -433,9 +433,20 @@ class PrefetchEngine:
         try:
             joined = self._read_path.in_flight(item.bucket, item.key) is not None
             limit = None if item.size is not None else self._room_for(item)
-            warmed = self._read_path.warm(item.bucket, item.key, local=item.local, limit=limit)
+            warmed = self._read_path.warm(
+                item.bucket, item.key, local=item.local, limit=limit, start=False
+            )
             fetch = None
-            if isinstance(warmed, Fetch):
+            if isinstance(warmed, Fetch) and not warmed.started:
+                started = time.monotonic()
+                warmed.pin = item.pin  # held from its part file on: eviction never takes it
+                warmed.run()  # in this worker, which would only wait for another thread
+                fd = warmed.pin_fd
+                size = warmed.wait_finished().meta.size
+                if warmed.info is not None:
+                    outcome = FETCHED
+                    self._governor.sample(time.monotonic() - started, size)
+            elif isinstance(warmed, Fetch):
                 fetch = warmed
             elif warmed is not None and not item.pin:
                 size = warmed.meta.size

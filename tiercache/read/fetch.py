@@ -18,6 +18,7 @@ the reader as it is written to the tier, so the reader copies nothing back from 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import threading
 import time
@@ -128,10 +129,23 @@ class Fetch:
         # Range-first (see ``decide``): None while undecided, then True (fetch it
         # whole) or False (stop: the object is read by blocks).
         self._whole: bool | None = None
+        # Set before ``run``: hold a shared lock on the bytes as the fetch creates them
+        # (``pin_fd``), so that eviction leaves the entry from the moment it is published.
+        self.pin = False
+        self.pin_fd = -1
+        self.started = False
 
     def start(self) -> None:
+        """Run the fetch in a thread of its own (it completes even if its reader stops)."""
+        self.started = True
         name = f"tiercache-fetch-{self.request.entry_id[:8]}"
         threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def run(self) -> None:
+        """Run the fetch in the calling thread (a prefetch worker, which waits for it anyway:
+        a thread per small object costs more than its request); ``error`` says how it ended."""
+        self.started = True
+        self._run()
 
     # -- the reader's side -------------------------------------------------------------------
 
@@ -302,6 +316,9 @@ class Fetch:
         except BaseException as exc:
             if not isinstance(exc, BlockModeRequiredError):
                 self._stats.add("fetch_errors")
+            if self.pin_fd >= 0:
+                os.close(self.pin_fd)
+                self.pin_fd = -1
             self._finish(error=exc)
             return
         with self._cond:
@@ -331,10 +348,14 @@ class Fetch:
                     existing = None
                 if existing is not None and req.accept_existing(existing):
                     self._stats.add("fetches_joined_other_process")
+                    self._pin_entry(existing)
                     return existing
                 if existing is None or revalidate is None:
                     self._paths = paths
                     self._fd = self._tier.create_part(paths)
+                    if self.pin:
+                        self.pin_fd = os.open(paths.part, os.O_RDONLY | os.O_CLOEXEC)
+                        fcntl.flock(self.pin_fd, fcntl.LOCK_SH)
                     try:
                         return self._download_and_publish(paths)
                     finally:
@@ -342,8 +363,14 @@ class Fetch:
             current = revalidate(existing)
             if current is not None:
                 self._stats.add("fetches_joined_other_process")
+                self._pin_entry(current)
                 return current
             revalidate = None  # the object changed: the next turn under the lock fetches it
+
+    def _pin_entry(self, entry: CachedEntry) -> None:
+        if self.pin:
+            with contextlib.suppress(FileNotFoundError):  # evicted since: nothing held
+                self.pin_fd = self._tier.open_data(entry)
 
     def _download_and_publish(self, paths: EntryPaths) -> CachedEntry:
         req = self.request

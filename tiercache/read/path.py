@@ -205,7 +205,12 @@ class ReadPath:
         return OpenedObject(-1, info.size, info.etag, None, blocks=entry)
 
     def warm(
-        self, bucket: str, key: str, local: bool = True, limit: int | None = None
+        self,
+        bucket: str,
+        key: str,
+        local: bool = True,
+        limit: int | None = None,
+        start: bool = True,
     ) -> Fetch | CachedEntry | None:
         """Bring an object into the tiers without reading it (prefetch).
 
@@ -216,6 +221,8 @@ class ReadPath:
         ``local=False`` only the shared tier is filled (the object is not copied locally).
         A new fetch of an object larger than ``limit`` bytes stops at the GET's first reply
         (``BlockModeRequiredError``, which carries the size): no HEAD is needed to ask first.
+        With ``start=False`` a new fetch is returned unstarted (``Fetch.started``): the caller
+        runs it (``Fetch.run``) at once.
         """
         if local:
             usable = self._usable(self._tier, bucket, key)
@@ -227,7 +234,7 @@ class ReadPath:
                     return None
             elif self._usable(self._shared, bucket, key) is not None:
                 return None
-        return self._join_or_start(bucket, key, promote=local, limit=limit)
+        return self._join_or_start(bucket, key, promote=local, limit=limit, start=start)
 
     def _usable(self, tier: LocalTier, bucket: str, key: str) -> CachedEntry | None:
         """The tier's entry of the object, checked (digest, per ``verify``) and validated."""
@@ -491,8 +498,10 @@ class ReadPath:
         by_blocks: bool = False,
         promote: bool = True,
         limit: int | None = None,
+        start: bool = True,
     ) -> Fetch:
-        """Join this process's fetch of the object, or start one.
+        """Join this process's fetch of the object, or start one (``start=False``: the new
+        fetch is the caller's to run).
 
         ``by_blocks``: a reader asks, so a huge object stops the fetch at its first response
         and is read block by block instead; a prefetch (``warm``) fetches it whole, unless it
@@ -534,7 +543,8 @@ class ReadPath:
             )
             self._flights[entry_id] = fetch
         self._stats.add("misses")
-        fetch.start()
+        if start:
+            fetch.start()
         return fetch
 
     def _acceptor(self, asked_at: float) -> Callable[[CachedEntry], bool]:
