@@ -86,7 +86,13 @@ class PrefetchEngine:
         forksafe.register(self)
 
     def _reset(self) -> None:
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        # Two conditions on one lock: idle workers wait for work, one woken per change that
+        # may let an item go (a notify_all woke every idle worker for every object finished:
+        # hundreds of futex calls and GIL hand-overs per small object); ``wait_settled``
+        # waits for items to leave "running".
+        self._cond = threading.Condition(lock)
+        self._work_ready = threading.Condition(lock)
         # (-priority, arrival, push count, item): the push count keeps items uncompared.
         self._heap: list[tuple[int, int, int, Item]] = []
         self._seq = itertools.count()
@@ -152,7 +158,7 @@ class PrefetchEngine:
                     # A duplicate heap entry is harmless: the first popped moves the item on.
                     heapq.heappush(self._heap, (*item.rank, next(self._seq), item))
             self._start_workers()
-            self._cond.notify_all()
+            self._work_ready.notify()
 
     def _ready_in_tier(self, targets: Sequence[Target]) -> dict[str, int]:
         """Objects of ``targets`` whose local entry a reader may open as it is (fresh, or
@@ -191,7 +197,7 @@ class PrefetchEngine:
                     if item.brought:
                         self._remember_unused(item)
                 # A running item ends on its own; with no handle left it is not pinned.
-            self._cond.notify_all()
+            self._work_ready.notify()
         for item in to_close:
             _close(item)
 
@@ -212,7 +218,7 @@ class PrefetchEngine:
                     del self._listeners[path]
             if self._held is not None and self._held[0] is order:
                 self._held = None
-                self._cond.notify_all()
+                self._work_ready.notify()
 
     # -- the reader's side -------------------------------------------------------------------
 
@@ -235,7 +241,7 @@ class PrefetchEngine:
                     self._drop(item)
                     if item.brought:
                         self._count_used(item.size or 0)
-                    self._cond.notify_all()  # room in the window: the next object may go
+                    self._work_ready.notify()  # room in the window: the next object may go
             unused = self._unused.pop(path, None)
             order = self._listeners.get(path)
         if unused is not None:
@@ -258,7 +264,7 @@ class PrefetchEngine:
             with self._cond:
                 if self._held is held:
                     self._held = None
-                    self._cond.notify_all()
+                    self._work_ready.notify()
 
     # -- metrics -----------------------------------------------------------------------------
 
@@ -306,7 +312,7 @@ class PrefetchEngine:
         with self._cond:
             self._workers = self._governor.width
             self._start_workers()
-            self._cond.notify_all()
+            self._work_ready.notify()
         self._stats.add("prefetch_workers_added", more)
         return True
 
@@ -320,12 +326,14 @@ class PrefetchEngine:
             with self._cond:
                 item = self._take()
                 while item is None:
-                    woken = self._cond.wait(_IDLE_EXIT_SECONDS)
+                    woken = self._work_ready.wait(_IDLE_EXIT_SECONDS)
                     item = self._take()
                     if item is None and not woken and not self._heap:
                         self._running_threads -= 1
                         return
                 self._busy += 1
+                if self._heap and self._held is None:
+                    self._work_ready.notify()  # more may go: the next idle worker looks
             try:
                 self._fetch(item)
             finally:
@@ -504,7 +512,8 @@ class PrefetchEngine:
                 self._uncharge(item)
                 if item.brought and not item.read:
                     self._remember_unused(item)
-            self._cond.notify_all()
+            self._work_ready.notify()
+            self._cond.notify_all()  # wait_settled
 
     def _pin_cached(self, item: Item, entry: CachedEntry | None) -> tuple[int, int | None]:
         """A shared lock on a cached entry's data, which keeps eviction off it, and its size;
