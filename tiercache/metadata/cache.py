@@ -60,6 +60,10 @@ class KnownInfo:
     asked_at: float
 
 
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+
+
 @dataclass
 class _Record:
     """One parsed record file, and the identity (device, inode, mtime, size) it was read at."""
@@ -69,6 +73,7 @@ class _Record:
     asked_at: float
     body: dict[str, Any]
     _names: dict[str, dict[str, dict[str, Any]]] | None = None
+    _rows_checked: tuple[bool, list[dict[str, Any]] | None] | None = None
 
     @classmethod
     def parse(cls, raw: bytes, identity: tuple[int, int, int, int]) -> _Record | None:
@@ -85,11 +90,16 @@ class _Record:
         return cls(identity, names, float(at), body)
 
     def rows(self) -> list[dict[str, Any]] | None:
-        """A listing's rows; None if this is no (valid) listing."""
-        rows = self.body.get("rows")
-        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-            return None
-        return rows
+        """A listing's rows; None if this is no (valid) listing (checked once per parse: a
+        record is read for each key it lists, and checking every row each time was
+        quadratic in the listing's size)."""
+        if self._rows_checked is None:
+            rows = self.body.get("rows")
+            if isinstance(rows, list) and all(isinstance(r, dict) for r in rows):
+                self._rows_checked = (True, rows)
+            else:
+                self._rows_checked = (False, None)
+        return self._rows_checked[1]
 
     def names(self) -> dict[str, dict[str, dict[str, Any]]]:
         """A listing's rows by name, then by type (a key can be a file and a directory)."""
@@ -202,20 +212,20 @@ class MetadataCache:
     def _read(self, bucket: str, key: str, kind: Kind) -> _Record | None:
         """A fresh record of this store, bucket and key."""
         path = self._path(self._id(bucket, key), kind)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            return None
-        try:
-            with os.fdopen(fd, "rb") as f:
-                st = os.fstat(f.fileno())
-                identity = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
-                with self._parsed_lock:
-                    record = self._parsed.get(path)
-                if record is None or record.identity != identity:
-                    record = _Record.parse(f.read(), identity)
-        except OSError:
-            return None
+        record = None
+        if kind != "info":
+            # A listing read for each key it lists: one stat tells whether the copy parsed
+            # before is still the file's (opened only when it is not).
+            try:
+                st = os.stat(path, follow_symlinks=False)
+            except OSError:
+                return None
+            with self._parsed_lock:
+                record = self._parsed.get(path)
+            if record is not None and record.identity != _identity(st):
+                record = None
+        if record is None:
+            record = self._parse_file(path)
         if record is None or record.names_of != (self._namespace, bucket, key):
             return None
         if kind != "info":  # listings are large and read often: keep a few parsed
@@ -225,6 +235,18 @@ class MetadataCache:
                 while len(self._parsed) > _PARSED_LISTINGS:
                     self._parsed.popitem(last=False)
         return record if self.is_fresh(record.asked_at) else None
+
+    @staticmethod
+    def _parse_file(path: str) -> _Record | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            with os.fdopen(fd, "rb") as f:
+                return _Record.parse(f.read(), _identity(os.fstat(f.fileno())))
+        except OSError:
+            return None
 
     # -- remembering -------------------------------------------------------------------------
 

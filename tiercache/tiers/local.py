@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import fcntl
+import functools
 import hashlib
 import itertools
 import math
@@ -141,8 +142,7 @@ class LocalTier:
     @staticmethod
     def entry_id(namespace: str, bucket: str, key: str) -> str:
         """The hash that names an entry's files (NUL cannot occur in a bucket name or a key)."""
-        raw = f"{namespace}\0{bucket}\0{key}".encode("utf-8", "surrogatepass")
-        return hashlib.sha256(raw).hexdigest()
+        return _entry_id(namespace, bucket, key)
 
     def paths(self, entry_id: str) -> EntryPaths:
         if not _ENTRY_ID.fullmatch(entry_id):
@@ -581,6 +581,14 @@ def entry_files(paths: EntryPaths) -> tuple[str, ...]:
 
 def pin_path(paths: EntryPaths) -> str:
     return paths.data[: -len(".data")] + ".pin"
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _entry_id(namespace: str, bucket: str, key: str) -> str:
+    # Remembered: an open of a warm object names its entry several times (tier, metadata,
+    # prefetch, hints), a SHA-256 each.
+    raw = f"{namespace}\0{bucket}\0{key}".encode("utf-8", "surrogatepass")
+    return hashlib.sha256(raw).hexdigest()
 
 
 def create_exclusive(path: str, mode: int) -> int:
