@@ -112,8 +112,13 @@ class ReadAhead:
             if deepen and self._stats is not None:
                 self._stats.add("readahead_deepened")
         with self._lock:
-            k = self.k
-        self._schedule(i + 1, min(i + 1 + k, len(self._order)))
+            k, scheduled = self.k, self._scheduled
+        end = i + 1 + k
+        if scheduled < end:
+            # A quarter of the depth more at once: each submit costs its lock, lookups and
+            # hand-over, and the reader's next opens then queue nothing (a warm epoch spent
+            # a third of its time submitting one object per open).
+            self._schedule(i + 1, min(end + k // 4, len(self._order)))
 
     def eviction_floor(self, path: str) -> Floor | None:
         """What eviction may take to bring ``path`` for its next read (see ``OrderHint``)."""

@@ -110,6 +110,10 @@ class LocalTier:
             os.makedirs(path, mode=dir_mode, exist_ok=True)
             _require_real_dir(path, self.root)
         self._shards_ready: set[str] = set()
+        # Parsed metadata by path, with the identity of the file it was read from: a warm
+        # open looks an entry up more than once (prefetch, then its reader), and one stat
+        # costs less than opening, reading and parsing the file again.
+        self._metas: dict[str, tuple[tuple[int, int, int, int], EntryMeta]] = {}
         self.boot_id = current_boot_id()
         # Entries eviction must leave alone besides dirty and open ones (set by the runtime).
         self.keep: Callable[[EntryMeta], bool] = lambda meta: False
@@ -160,10 +164,27 @@ class LocalTier:
     def lookup(self, entry_id: str, namespace: str, source: str) -> CachedEntry | None:
         """Return the published entry for ``source``, or None (missing, torn or foreign)."""
         paths = self.paths(entry_id)
-        meta = read_meta(paths.meta)
+        meta = self._read_meta(paths.meta)
         if meta is None or meta.source != source or meta.namespace != namespace:
             return None
         return CachedEntry(entry_id, paths, meta)
+
+    def _read_meta(self, path: str) -> EntryMeta | None:
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            return None
+        # Metadata is replaced by rename, never rewritten in place: a new file, a new identity.
+        identity = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+        known = self._metas.get(path)
+        if known is not None and known[0] == identity:
+            return known[1]
+        meta = read_meta(path)
+        if meta is not None:
+            if len(self._metas) >= _METAS_KEPT:
+                self._metas.clear()
+            self._metas[path] = (identity, meta)
+        return meta
 
     def open_data(self, entry: CachedEntry) -> int:
         """Open an entry's data for reading, holding a shared lock that keeps it from eviction.
@@ -263,6 +284,7 @@ class LocalTier:
         meta: EntryMeta,
         src: str | None = None,
         durable: bool = False,
+        keep_src: bool = False,
     ) -> CachedEntry:
         """Make the part file (or the staged file ``src``) the entry's data; hold the entry lock.
 
@@ -270,6 +292,8 @@ class LocalTier:
         entry, no entry, or the new one. A clean entry is fsynced only where there is no boot
         id to detect a power loss with (see ``current_boot_id``); ``durable`` (dirty data
         that exists nowhere else, already fsynced by the writer) fsyncs meta and directory.
+        ``keep_src``: ``src`` stays where it is, linked as the data (where the filesystem has
+        hard links), so that what it belongs to stays readable until its owner removes it.
         """
         if not self.boot_id:
             os.fsync(fd)
@@ -280,7 +304,8 @@ class LocalTier:
         tmp_meta = prepare_file(paths.meta, meta.to_json(), self.file_mode, durable=durable)
         try:
             remove_file(paths.meta)
-            os.rename(src or paths.part, paths.data)
+            if not (keep_src and src is not None and _link_over(src, paths.data)):
+                os.rename(src or paths.part, paths.data)
         except BaseException:
             remove_file(tmp_meta)
             raise
@@ -581,6 +606,28 @@ def entry_files(paths: EntryPaths) -> tuple[str, ...]:
 
 def pin_path(paths: EntryPaths) -> str:
     return paths.data[: -len(".data")] + ".pin"
+
+
+_METAS_KEPT = 1 << 14
+
+
+def _link_over(src: str, dst: str) -> bool:
+    """Make ``dst`` a hard link to ``src``, replacing it atomically; False where the
+    filesystem has no hard links (the caller renames instead)."""
+    tmp = f"{dst}.{os.getpid()}.{threading.get_ident()}.link"
+    remove_file(tmp)
+    try:
+        os.link(src, tmp)
+    except OSError as exc:
+        if exc.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            return False
+        raise
+    try:
+        os.rename(tmp, dst)
+    except BaseException:
+        remove_file(tmp)
+        raise
+    return True
 
 
 @functools.lru_cache(maxsize=1 << 16)

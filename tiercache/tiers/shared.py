@@ -111,9 +111,10 @@ class SharedTier(LocalTier):
         meta: EntryMeta,
         src: str | None = None,
         durable: bool = False,
+        keep_src: bool = False,
     ) -> CachedEntry:
         os.fsync(fd)
-        return super().publish(paths, fd, meta, src, durable=True)
+        return super().publish(paths, fd, meta, src, durable=True, keep_src=keep_src)
 
     def needs_check(self, entry: CachedEntry) -> bool:
         return False  # published durably: see the module docstring
