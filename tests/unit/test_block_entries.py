@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import random
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -165,3 +166,48 @@ def test_block_entries_are_evicted_like_others(tmp_path: Path) -> None:
     assert fs.tier.usage(fresh=True) >= 4 * BLOCK
     assert fs.evict(0).removed_bytes >= 4 * BLOCK
     assert glob.glob(str(tmp_path / "tier/objects/*/*.blk*")) == []
+
+
+def test_a_reader_arriving_while_its_entry_completes_fetches_nothing(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Between the whole entry's data and its metadata going into place, the block entry is
+    still whole and readable: a reader that comes then reads it (it found neither entry, and
+    fetched the object again, when the block file was moved rather than linked)."""
+    import tiercache.tiers.local as local_module
+
+    store = MemoryStore(["b"])
+    data = _huge(store)
+    fs = _fs(tmp_path, store, whole_object_after=0.25, readahead_blocks=4)
+    other = _fs(tmp_path, store)  # reads what is there: completes nothing itself
+    seen: list[tuple[bytes, int]] = []
+    real_install = local_module.install
+
+    def install_after_a_reader(tmp: str, path: str) -> None:
+        if path.endswith(".meta") and not seen:  # the whole entry's metadata, next
+            before = store.request_counts().get("GetObject", 0)
+
+            def read_the_end() -> None:
+                with other.open("b/huge.bin") as f:
+                    f.seek(SIZE - 1000)
+                    got = f.read(1000)
+                seen.append((got, store.request_counts().get("GetObject", 0) - before))
+
+            # The reader waits for the entry lock the completion holds, then reads.
+            threading.Thread(target=read_the_end, daemon=True).start()
+            time.sleep(0.2)
+        real_install(tmp, path)
+
+    monkeypatch.setattr(local_module, "install", install_after_a_reader)
+    with fs.open("b/huge.bin") as f:
+        assert f.read(SIZE // 4) == data[: SIZE // 4]
+    deadline = time.monotonic() + 30
+    while not fs.is_cached("b/huge.bin"):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    fs.wait_fetches()
+    deadline = time.monotonic() + 30
+    while not seen:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert seen == [(data[-1000:], 0)]

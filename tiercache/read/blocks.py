@@ -267,6 +267,7 @@ class BlockFetcher:
             src.namespace,
             meta.block_size,
             self._config.lock_timeout,
+            create=False,  # completed or evicted since the lookup: nothing to reopen
         )
 
     def _graduate(self, entry: BlockEntry) -> None:
@@ -283,8 +284,11 @@ class BlockFetcher:
             info = ObjectInfo("", "", size, entry.meta.etag, entry.meta.last_modified)
             meta = EntryMeta.for_object(info, entry.meta.source, entry.meta.namespace, digest)
             meta = replace(meta, validated_at=entry.meta.validated_at)
-            self._tier.publish(paths, entry.fileno(), meta, src=entry.paths.data)
-            for path in (entry.paths.log, entry.paths.meta):
+            # The block entry stays whole and readable until the whole entry is published
+            # (its data linked, not moved): a reader arriving meanwhile finds one or the
+            # other, never neither (it fetched the object again).
+            self._tier.publish(paths, entry.fileno(), meta, src=entry.paths.data, keep_src=True)
+            for path in (entry.paths.meta, entry.paths.log, entry.paths.data):
                 with contextlib.suppress(OSError):
                     remove_file(path)
         self._stats.add("block_entries_completed")

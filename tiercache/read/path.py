@@ -12,7 +12,6 @@ object there), then the local tier. The reader of a fetch gets bytes as they arr
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import functools
 import os
@@ -28,6 +27,8 @@ from tiercache.errors import (
     CacheTimeoutError,
     ObjectNotFoundError,
     TierFullError,
+    is_no_space,
+    tier_full,
 )
 from tiercache.metadata.freshness import Freshness
 from tiercache.metadata.revalidate import ListingRevalidator
@@ -85,6 +86,9 @@ class ReadPath:
         self.verifier = Verifier(stats)
         self._checks = EntryChecks(self.verifier, config.verify, config.lock_timeout, shared)
         self.blocks = BlockFetcher(config, tier, store, self._retry, stats, self.verifier)
+        # The dirty entry of a write pending in the journal, restored if damaged (entry id,
+        # source): asked on a local miss, before the store (set by the runtime).
+        self.pending_write: Callable[[str, str], CachedEntry | None] | None = None
         forksafe.register(self)
 
     def after_fork(self) -> None:
@@ -164,13 +168,33 @@ class ReadPath:
 
     def open(self, bucket: str, key: str) -> OpenedObject:
         """Open an object for reading through the tiers."""
-        opened = self._open_hit(self._tier, bucket, key)
+        opened = self._open_hit(self._tier, bucket, key) or self._open_pending(bucket, key)
         if opened is None and self._shared is not None:
             opened = self._open_shared(self._shared, bucket, key)
         by_blocks = (self._config.block_threshold, self._config.range_first_above)
         if opened is None and by_blocks != (None, None):
             opened = self._open_cached_blocks(bucket, key)
         return opened or self._open_through_fetch(bucket, key)
+
+    def _pending(self, bucket: str, key: str) -> CachedEntry | None:
+        """On a local miss: the entry of a write of the object still pending in the journal
+        (restored from the journal's copy if the tier's was damaged), never the store's
+        older version instead; raises ``CacheCorruptError`` if it cannot be restored."""
+        if self.pending_write is None:
+            return None
+        return self.pending_write(self.entry_id(bucket, key), source_url(bucket, key))
+
+    def _open_pending(self, bucket: str, key: str) -> OpenedObject | None:
+        entry = self._pending(bucket, key)
+        if entry is None:
+            return None
+        opened = self._open_entry(self._tier, entry, "hits", bucket, key)
+        if opened is None:
+            raise CacheCorruptError(
+                f"{entry.meta.source}: the restored copy of a write not yet uploaded vanished "
+                "or failed its digest check"
+            )
+        return opened
 
     def block_source(self, bucket: str, key: str) -> BlockSource:
         return BlockSource(bucket, key, source_url(bucket, key), self._store.namespace)
@@ -189,10 +213,20 @@ class ReadPath:
         ):
             self._drop_id(self._tier, entry_id)
             return None
+        info = ObjectInfo(bucket, key, meta.size, meta.etag, meta.last_modified)
+        opened = self._open_blocks(info, create=False)
+        if opened is None:
+            # Completed into a whole entry while this reader waited for its lock (or evicted).
+            return self._open_hit(self._tier, bucket, key)
         self._stats.add("hits")
-        return self.open_blocks(ObjectInfo(bucket, key, meta.size, meta.etag, meta.last_modified))
+        return opened
 
     def open_blocks(self, info: ObjectInfo) -> OpenedObject:
+        opened = self._open_blocks(info, create=True)
+        assert opened is not None
+        return opened
+
+    def _open_blocks(self, info: ObjectInfo, create: bool) -> OpenedObject | None:
         entry = BlockEntry.open(
             self._tier,
             self.entry_id(info.bucket, info.key),
@@ -201,7 +235,10 @@ class ReadPath:
             self._store.namespace,
             self._config.block_size,
             self._config.lock_timeout,
+            create=create,
         )
+        if entry is None:
+            return None
         return OpenedObject(-1, info.size, info.etag, None, blocks=entry)
 
     def warm(
@@ -225,7 +262,7 @@ class ReadPath:
         runs it (``Fetch.run``) at once.
         """
         if local:
-            usable = self._usable(self._tier, bucket, key)
+            usable = self._usable(self._tier, bucket, key) or self._pending(bucket, key)
             if usable is not None:
                 return usable
         if self._shared is not None:
@@ -458,16 +495,18 @@ class ReadPath:
 
     def tier_full_error(self, exc: OSError, bucket: str, key: str) -> TierFullError | None:
         """A ``TierFullError`` if ``exc`` says the tier's filesystem is out of space."""
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or isinstance(exc, TierFullError):
+        if isinstance(exc, TierFullError) or not is_no_space(exc):
             return exc if isinstance(exc, TierFullError) else None
         self._stats.add("tier_full")
         tier = self._fill_tier
-        return TierFullError(
-            exc.errno,
+        full = tier_full(
+            exc,
             f"no space left in the {tier.name} tier for s3://{bucket}/{key}; reading it "
             f"straight from the store (free space or lower {tier.name}_max_bytes)",
             tier.root,
         )
+        assert isinstance(full, TierFullError)
+        return full
 
     def _open_published(self, fetch: Fetch, by_blocks: bool, again: bool) -> OpenedObject:
         entry = fetch.wait_finished()

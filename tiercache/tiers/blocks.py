@@ -107,8 +107,10 @@ class BlockEntry:
         namespace: str,
         block_size: int,
         lock_timeout: float,
-    ) -> BlockEntry:
-        """Open the block entry of this object version, creating it (empty) if needed."""
+        create: bool = True,
+    ) -> BlockEntry | None:
+        """Open the block entry of this object version, creating it (empty) if needed; with
+        ``create=False``, None if it is gone (completed into a whole entry, or evicted)."""
         with tier.entry_lock(entry_id, lock_timeout) as entry_paths:
             paths = block_paths(entry_paths)
             meta = BlockMeta.read(paths.meta)
@@ -119,6 +121,8 @@ class BlockEntry:
                 or meta.size != info.size
                 or meta.boot_id != tier.boot_id
             ):
+                if not create:
+                    return None
                 for path in (paths.meta, paths.log, paths.data):
                     remove_file(path)
                 meta = BlockMeta(
