@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates the virtual environment (.venv, or $TIERCACHE_VENV) and installs tiercache with its
-# development extras and the pinned S3 test server. Sourced by test.sh and demo.sh; idempotent.
+# development extras (the metrics extra among them: prometheus_client) and the pinned S3 test
+# server. Sourced by test.sh and demo.sh; idempotent.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${TIERCACHE_VENV:-$ROOT/.venv}
@@ -10,7 +11,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-  -c "$ROOT/scripts/constraints.txt" -e "$ROOT[dev,mount]"
+  -c "$ROOT/scripts/constraints.txt" -e "$ROOT[dev,mount,metrics]"
 # The mount tests need libfuse 3 and fusermount3 from the OS. Installed here when missing and
 # when we may (root with apt); a failure only makes those tests skip, saying why.
 if ! command -v fusermount3 >/dev/null 2>&1 || ! ldconfig -p 2>/dev/null | grep -q 'libfuse3\.so'; then

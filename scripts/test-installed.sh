@@ -22,7 +22,7 @@ echo "installed: built $(basename "$wheel") and its sdist"
 
 python3 -m venv "$WORK/venv"
 "$WORK/venv/bin/python" -m pip install "${pip_quiet[@]}" -c "$ROOT/scripts/constraints.txt" \
-  "$wheel[mount]" pytest pytest-timeout
+  "$wheel[mount,metrics]" pytest pytest-timeout
 # The same CPU build of torch the development environment uses, if there is one, so that the
 # PyTorch adapters import and their unit tests run.
 torch_wheel=$(ls /opt/wheels/torch-*+cpu-cp3*-manylinux*_x86_64.whl 2>/dev/null | head -n 1 || true)

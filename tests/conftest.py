@@ -15,7 +15,6 @@ import contextlib
 import os
 import secrets
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,12 +30,12 @@ if os.environ.get("TIERCACHE_TEST_INSTALLED") and ROOT in Path(tiercache.__file_
     raise RuntimeError(f"tiercache was imported from the checkout ({tiercache.__file__})")
 # Tests flush explicitly; an upload a test leaves pending must not hold the run at exit.
 os.environ.setdefault("TIERCACHE_EXIT_FLUSH_TIMEOUT", "2")
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT / "tests" / "faults"))  # the fault proxy, for every test folder
 
-import s3server  # noqa: E402
-from proxy import FaultProxy  # noqa: E402
-from servers_under_test import OwnServer, S3Endpoint  # noqa: E402
+# ``support`` (tests/support) is importable because pytest puts this file's directory on the
+# import path; nothing else is added to it.
+from support.proxy import FaultProxy  # noqa: E402
+from support.s3server import s3server  # noqa: E402
+from support.servers_under_test import OwnServer, S3Endpoint  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -53,12 +52,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Markers from the fixtures a test uses, so that they cannot drift from what it does:
+    every test on a real S3 server (the server under test or its own) is ``integration``, and
+    ``-m "not integration"`` runs only tests that need no server."""
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         if "s3" in fixtures:
             item.add_marker(pytest.mark.server_under_test)
+            item.add_marker(pytest.mark.integration)
         if "own_server" in fixtures:
             item.add_marker(pytest.mark.own_server)
+            item.add_marker(pytest.mark.integration)
 
 
 def pytest_report_header() -> str:

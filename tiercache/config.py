@@ -70,31 +70,38 @@ class TierCacheConfig:
     """Options of the cache tiers and of the read path.
 
     Attributes:
-        local_dir: directory of the node-local tier (created private to the user).
+        local_dir: directory of the node-local tier (created private to the user). Default:
+            ``$XDG_CACHE_HOME/tiercache``, else ``~/.cache/tiercache``.
         local_max_bytes: byte budget of the local tier; LRU eviction keeps it under.
-        consistency: ``immutable`` never revalidates, ``ttl`` revalidates by ETag after
-            ``ttl`` seconds, ``always`` sends a HEAD on every open.
-        ttl: seconds an entry is trusted without revalidation in ``ttl`` mode.
+        consistency: when a cached object, its info or a listing is checked against the
+            store again. ``immutable``: never (datasets that do not change); ``ttl``: after
+            ``ttl`` seconds, by ETag and size, through one LIST of the prefix that vouches for
+            all its cached objects at once; ``always``: a HEAD on every open.
+        ttl: seconds the store's answer is trusted in ``ttl`` mode: a cached entry, an
+            object's info, a listing or a miss.
         fetch_concurrency: ranged GETs one fetch runs at once. None (default): learned from
-            the link, up to ``MAX_STREAMS``: streams are added while each raises throughput
-            (a remote store gives one connection a small share of the link), and a store
-            that serves one stream fast gets one GET per object. A number: exactly that
-            many (1: one GET per object).
+            the link, up to ``MAX_STREAMS`` (16): streams are added while each raises
+            throughput (a remote store gives one connection a small share of the link), a
+            store that serves one stream at 256 MiB/s or more gets one GET per object, and
+            what one fetch learned is where the next starts. A number: exactly that many (1:
+            one GET per object).
         upload_concurrency: multipart-upload parts one process sends at once. None (default):
-            learned from the link, up to ``MAX_PARTS_IN_FLIGHT``: parts are added while each
-            still gets most of the best rate seen, and a store that takes one part fast gets
-            two at a time. A number: exactly that many.
+            learned from the link, up to ``MAX_PARTS_IN_FLIGHT`` (16): parts are added while
+            each still gets 3/4 of the best rate seen and removed below 1/2, and a store that
+            takes one part at 256 MiB/s or more gets two at a time. A number: exactly that many.
         upload_while_writing: in ``write_mode="behind"``, ``on``: a large file's full parts
             go to the store as soon as they are written (the upload is completed only after
             ``close()`` has journaled the file), so the upload ends about when the writing
             does; such objects carry no ``tiercache-xxh3`` metadata (S3 fixes metadata when
-            an upload begins). ``auto`` (default): the same with 4 or more usable cores;
-            with fewer, the parts are queued as they are written and sent when the burst of
-            writes is over (sending takes the writer's CPU). ``off``: uploads start after
-            ``close()``. True/False read as on/off.
-        part_size: bytes per multipart-upload part; an object that would need more than
-            S3's 10,000 parts is sent in the smallest whole MiB that fits (one written past
-            10,000 parts is then uploaded after ``close()`` instead of while written).
+            an upload begins); part senders run at nice +10. ``auto`` (default): the same with
+            4 or more usable cores; with fewer, the parts are queued as they are written and
+            sent once the burst of writes is over (0.3 s without a write), because sending
+            takes the writer's CPU. ``off``: uploads start after ``close()``, and the object
+            carries its digest. True/False read as on/off.
+        part_size: bytes per multipart-upload part (5 MiB to 5 GiB); an object that would
+            need more than S3's 10,000 parts (over 156 GiB at 16 MiB) is sent in the smallest
+            whole MiB that fits (one written past 10,000 parts is then uploaded after
+            ``close()`` instead of while written).
         range_size: bytes per ranged GET when a fetch runs several (AWS's guidance: 8-16 MB).
         lock_timeout: seconds to wait for a fetch held by another process before failing.
         retries: attempts per store request (throttling, 5xx, connection errors).
@@ -117,9 +124,10 @@ class TierCacheConfig:
             (directories whose ``commit_marker`` was uploaded), for a fast restart.
         verify: when a cached file is checked against its xxh3 digest before it is served.
             ``first``: the first time each process opens it (and again if the file is
-            changed): small files at open, larger ones hashed by a worker ahead of the reader,
-            whose read of the last bytes (or a read out of order) waits for the verdict; files
-            this process fetched count as checked; blocks of huge objects on first read.
+            changed; files this process fetched count as checked). Objects up to 64 MiB are
+            hashed whole at open, before any byte is returned; larger ones by a worker ahead
+            of the reader, whose read of the last bytes (or a read out of order) waits for the
+            verdict. Blocks of huge objects are checked on their first read.
             ``always``: every open, before the first byte (reads each file twice).
             ``reboot``: only entries published before the last kernel boot (what a crash can
             tear); no other cost, and no defence against bytes changed on disk.
@@ -154,8 +162,13 @@ class TierCacheConfig:
         whole_object_after: fraction of a block-granular object's blocks read after which
             the rest is fetched in the background (1.0: only what is read).
         readahead_blocks: blocks fetched ahead of a sequential reader of a block entry.
-        prefetch_workers: objects one process prefetches at once (its prefetch worker pool).
-        readahead: objects after the one being opened that a read-ahead order prefetches (k).
+        prefetch_workers: objects one process prefetches at once (its prefetch worker pool;
+            ``tiercache prefetch --jobs``). It is where the pool starts: while a read-ahead
+            order's reader waits and fetches still take about the link's latency, workers are
+            added, up to 64 (or this number if larger).
+        readahead: objects after the one being opened that a read-ahead order prefetches (k);
+            where the depth starts: it grows while the reader waits. The mount prefetches
+            this many files after the one read, in its directory's listing order (0: off).
         prefetch_window_bytes: bytes one process may hold prefetched and not yet read, in
             flight included (protected from eviction until read); the next object is fetched
             only when it fits (default: half of ``local_max_bytes``).

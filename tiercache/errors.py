@@ -83,3 +83,23 @@ class UploadFailedError(TierCacheError, OSError):
 
 class TierFullError(TierCacheError, OSError):
     """The tier's filesystem ran out of space (or quota); reads then bypass the tier."""
+
+
+# The errnos that say a filesystem is out of space or quota: the one place they are listed.
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_no_space(exc: BaseException) -> bool:
+    """True if ``exc`` says the filesystem it came from is out of space (or quota)."""
+    return isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS
+
+
+def tier_full(exc: OSError, message: str, filename: str | None = None) -> OSError:
+    """``exc`` as the documented ``TierFullError`` (its errno kept) if it says the tier is out
+    of space or quota, ``message`` saying what could not be done; any other error, and a
+    ``TierFullError`` already, unchanged."""
+    if isinstance(exc, TierFullError) or not is_no_space(exc):
+        return exc
+    if filename is None:
+        return TierFullError(exc.errno, message)
+    return TierFullError(exc.errno, message, filename)

@@ -45,6 +45,7 @@ from tiercache.store.base import ObjectInfo, ObjectStore
 from tiercache.store.s3_options import STORE_OPTION_NAMES, S3Options
 from tiercache.tiers.entry import CachedEntry
 from tiercache.tiers.local import EvictionReport, LocalTier
+from tiercache.transaction import TransactionFile
 from tiercache.write.keys import check_writable_key
 from tiercache.write.reconcile import reconcile
 from tiercache.write.staged import Committer, StagedObject, StagedWriteFile
@@ -177,7 +178,7 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         autocommit: bool = True,
         cache_options: dict[str, Any] | None = None,
         **kwargs: Any,
-    ) -> SeekableReader | DirectFile | StagedWriteFile:
+    ) -> SeekableReader | DirectFile | StagedWriteFile | TransactionFile:
         bucket, key = self.split_path(path)
         if not key:
             raise IsADirectoryError(21, "a bucket is not a file", path)
@@ -205,11 +206,13 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
             else:
                 commit = self._runtime.write_through
             try:
-                return self._staged_file(bucket, key, commit, on_close, stream)
+                staged = self._staged_file(bucket, key, commit, on_close, stream)
             except BaseException:
                 if on_close is not None:
                     on_close()
                 raise
+            # Inside ``with fs.transaction:`` fsspec commits (or discards) it at the end.
+            return staged if autocommit else TransactionFile(staged)
         raise ValueError(
             f"mode {mode!r} is not supported: use 'rb' or 'wb' (objects have no append)"
         )
@@ -423,6 +426,10 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         if mode == "create" and self._exists_now(bucket, key):
             raise FileExistsError(17, "object exists", path)
         data = bytes(value)
+        if self._intrans:  # committed with the transaction's other files, at its end
+            with self.open(path, "wb") as f:
+                f.write(data)
+            return
         if not self._write_through_tier(bucket, key, len(data), lambda f: f.write(data)):
             with self._store_write(bucket, key):
                 self.store.put_bytes(bucket, key, data)
@@ -436,6 +443,10 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         check_writable_key(rpath, key)
         if mode == "create" and self._exists_now(bucket, key):
             raise FileExistsError(17, "object exists", rpath)
+        if self._intrans:  # committed with the transaction's other files, at its end
+            with open(lpath, "rb") as src, self.open(rpath, "wb") as f:
+                shutil.copyfileobj(src, f, 8 << 20)
+            return
 
         def copy(staged: StagedWriteFile) -> None:
             with open(lpath, "rb") as src:
@@ -503,7 +514,7 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
             elif recursive:
                 buckets.append(bucket)
         for bucket, keys in by_bucket.items():
-            self._delete(bucket, keys)
+            self._delete(bucket, keys, _directory_markers(keys))
         for bucket in buckets:
             self.store.delete_bucket(bucket)
             self._meta.invalidate_bucket(bucket)
@@ -513,13 +524,23 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         if key:
             self._delete(bucket, [key])
 
-    def _delete(self, bucket: str, keys: Iterable[str]) -> None:
+    def _delete(self, bucket: str, keys: Iterable[str], markers: Sequence[str] = ()) -> None:
+        """Delete ``keys``, then the ``dir/`` keys of the directories removed with them
+        (``markers``, deepest first, in the last request when they fit), as s3fs's ``rm``
+        does. S3 holds such a key only where a tool made an empty folder; servers with real
+        folders (SeaweedFS) list an emptied folder until its key is deleted."""
         keys = sorted(set(keys))  # claims in one order: two deleters never wait on each other
-        for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
-            batch = keys[start : start + 1000]
+        # DeleteObjects takes at most 1000 keys, and deletes them in the order given.
+        batches = [keys[start : start + 1000] for start in range(0, len(keys), 1000)]
+        if batches and len(batches[-1]) + len(markers) <= 1000:
+            batches[-1] = batches[-1] + list(markers)
+        else:
+            batches += [list(markers[i : i + 1000]) for i in range(0, len(markers), 1000)]
+        for batch in batches:
             with contextlib.ExitStack() as claims:
                 for key in batch:
-                    claims.enter_context(self._store_write(bucket, key, forget=False))
+                    if not key.endswith("/"):  # a marker: no object this tier writes
+                        claims.enter_context(self._store_write(bucket, key, forget=False))
                 self.store.delete(bucket, batch)
                 self._meta.invalidate(bucket, batch)
 
@@ -596,7 +617,11 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         """Reconcile the journal with the tier (repair what can be, report what is lost) and,
         with ``scrub``, check every whole cached entry against its digest, evicting corrupt
         clean ones. Returns what was found, with ``pending`` rows of what is not in the store."""
-        report = reconcile(self._runtime.write_state, self.store, scrub=scrub).to_dict()
+        first = self._runtime.uploader.take_first_report()  # this process's, in the background
+        found = reconcile(self._runtime.write_state, self.store, scrub=scrub)
+        if first is not None:
+            found.add(first)
+        report = found.to_dict()
         report["pending"] = self.pending()
         return report
 
@@ -790,6 +815,14 @@ def _warn_store_options_here(options: Mapping[str, Any]) -> None:
             UserWarning,
             stacklevel=4,
         )
+
+
+def _directory_markers(keys: Iterable[str]) -> list[str]:
+    """``k/`` for each of ``keys`` that has others below it (a directory), deepest first."""
+    keys = set(keys)
+    parents = {key[: i + 1] for key in keys for i, c in enumerate(key) if c == "/"}
+    markers = {key.rstrip("/") + "/" for key in keys if key.rstrip("/") + "/" in parents}
+    return sorted(markers, key=lambda m: (-m.count("/"), m))
 
 
 def _fill_budget(tier: LocalTier) -> Budget:

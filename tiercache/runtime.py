@@ -18,6 +18,7 @@ from tiercache.config import TierCacheConfig, fetch_streams, upload_parts
 from tiercache.metadata.cache import MetadataCache
 from tiercache.metadata.revalidate import ListingRevalidator
 from tiercache.metadata.shared import Lister, SharedListings
+from tiercache.metrics import publish
 from tiercache.prefetch.engine import PrefetchEngine
 from tiercache.read.path import ReadPath
 from tiercache.stats import Stats
@@ -119,9 +120,10 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
         pending_under=lambda bucket, prefix: bool(write_behind.pending(f"{bucket}/{prefix}")),
     )
     read_path = ReadPath(config, tier, store, stats, shared, revalidator)
+    read_path.pending_write = write_state.pending_entry
     if write_state.record_ids():  # once its hooks are set
         uploader.start()  # finish what a crashed or exited process left in the journal
-    return CacheRuntime(
+    runtime = CacheRuntime(
         config=config,
         store=store,
         tier=tier,
@@ -136,6 +138,10 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
         write_through=WriteThrough(store, write_state, stats),
         prefetch=PrefetchEngine(config, read_path, tier, store, stats),
     )
+    # The node's metrics (``tiercache metrics``) count this cache's work while it lives.
+    counters = publish.cache_counters(stats, store)
+    publish.track(tier.root, runtime, counters, tier.file_mode, tier.dir_mode)
+    return runtime
 
 
 def _shared_tier(config: TierCacheConfig) -> SharedTier | None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import threading
 from collections import Counter
+from collections.abc import Callable
 
 from tiercache import forksafe
 
@@ -55,6 +57,23 @@ COUNTERS = (
 )
 # Accumulated seconds reported even when still zero.
 TIMES = ("reader_wait_seconds", "verify_seconds")
+
+_exit_callbacks: list[Callable[[], None]] = []
+
+
+def at_exit(callback: Callable[[], None]) -> None:
+    """Run ``callback`` at interpreter exit, after write-behind's exit drain.
+
+    The write path imports this module before it registers its drain, and ``atexit`` runs
+    handlers last-registered first, so counters read here include the uploads of the drain.
+    """
+    _exit_callbacks.append(callback)
+
+
+@atexit.register
+def _run_exit_callbacks() -> None:
+    for callback in _exit_callbacks:
+        callback()
 
 
 class Stats:

@@ -29,11 +29,24 @@ from tiercache.tiers.local import LocalTier
 # Pieces a worker reads and hashes: small enough to stay in the CPU cache between the two,
 # large enough that the worker's Python steps cost little (256 KiB measured ~5% slower).
 _BUFFER = 1 << 20
-# Objects up to this size are checked when they are opened: hashing them costs less than
-# handing the check to a worker, and a corrupt copy is then refetched before any byte is read.
-CHECK_AT_OPEN_MAX = 1 << 20
+# Objects up to this size are checked whole when they are first opened, before any byte is
+# handed out: a corrupt copy is refetched (or, dirty, refused) before the first read. xxh3
+# hashes about 10 GB/s from the page cache, so this costs a first open at most a few ms; a
+# larger object is hashed by a worker ahead of its reader (see ``EntryChecks.at_open``).
+CHECK_AT_OPEN_MAX = 64 << 20
 _TRUSTED_MAX = 4096
 _WORKERS = 2
+_buffers = threading.local()
+
+
+def _thread_buffer() -> memoryview:
+    """This thread's read buffer for hashing: a fresh MiB per checked file cost more than
+    hashing a small file (the allocator zeroes it, the kernel faults its pages in)."""
+    buffer: memoryview | None = getattr(_buffers, "view", None)
+    if buffer is None:
+        buffer = _buffers.view = memoryview(bytearray(_BUFFER))
+    return buffer
+
 
 Identity = tuple[int, int, int, int, int]
 
@@ -156,7 +169,6 @@ class DigestCheck:
         self._hashed = 0  # the prefix of the file hashed so far
         self._short = False
         self._seconds = 0.0
-        self._buffer: memoryview | None = None
         self._state = "hashing"  # → deciding → done, or cancelled
         self._passed = False
 
@@ -236,10 +248,8 @@ class DigestCheck:
         return not complete
 
     def _hash_piece(self, fd: int) -> None:
-        if self._buffer is None:
-            self._buffer = memoryview(bytearray(_BUFFER))
         began = time.monotonic()
-        view = self._buffer[: min(_BUFFER, self._size - self._hashed)]
+        view = _thread_buffer()[: min(_BUFFER, self._size - self._hashed)]
         try:
             got = os.preadv(fd, [view], self._hashed)
         except OSError:
@@ -309,9 +319,11 @@ class EntryChecks:
     def at_open(self, tier: LocalTier, entry: CachedEntry, fd: int) -> DigestCheck | None:
         """``verify="first"``: the check of a data file this process has not checked yet.
 
-        A small object is checked here (``EntryDroppedError`` if it failed); a larger one by a
-        worker, ahead of its reader, who waits for the verdict before the object's last bytes
-        and before a read out of order (see ``CachedFile``).
+        An object of up to ``CHECK_AT_OPEN_MAX`` bytes is checked whole here, before any of
+        its bytes is read (``EntryDroppedError`` if it failed). A larger one is checked by a
+        worker, ahead of its reader: a sequential reader may be handed its first bytes before
+        the verdict, but no read of its last bytes, and no read out of order, returns before
+        it (see ``CachedFile``).
         """
         if self._mode != "first":
             return None

@@ -1,13 +1,17 @@
 """Hugging Face ``datasets`` through tiercache: ``load_dataset("parquet", data_files=…)``.
 
-Two forms, as README shows them:
+Two forms, as README shows them, each downloaded and prepared (``streaming=False``) and
+streamed:
 - ``data_files="tiercache::s3://bucket/train/*.parquet"`` with
-  ``storage_options={"s3": {...}, "tiercache": {...}}`` (a chained URL) when the dataset is
-  downloaded and prepared (``streaming=False``);
+  ``storage_options={"s3": {...}, "tiercache": {...}}`` (a chained URL);
 - ``data_files="tiercache://bucket/train/*.parquet"`` with
-  ``storage_options={"tiercache": {..., "s3": {...}}}`` when streaming. ``datasets`` opens a
-  streamed file by splitting its URL at ``::`` and takes a first part without ``://`` for a
-  local path, so a chained URL streams nothing ("No such file or directory: 'tiercache'").
+  ``storage_options={"tiercache": {..., "s3": {...}}}``.
+Each checks which tier was used: every filesystem ``datasets`` built has the ``local_dir`` and
+``consistency`` given, the given tier holds the objects, and the default tier
+(``$XDG_CACHE_HOME/tiercache``, pointed into the test's directory) holds nothing. ``datasets``
+prepares a chained URL's hops itself (``tiercache.hf_datasets`` says how): without tiercache's
+help the ``tiercache={...}`` options are dropped and a streamed chained URL opens a local file
+named ``tiercache``.
 
 Nothing but the local S3 server is reached: the Hub client is offline and every cache is a
 temporary directory. ``datasets``' own offline switch (``HF_DATASETS_OFFLINE``) refuses every
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import fsspec.core
 import huggingface_hub
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -34,6 +39,8 @@ from client_helpers import (
     settle,
     store_options,
 )
+
+from tiercache import TierCacheConfig, TierCacheFileSystem
 
 SHARDS = 3
 ROWS = 40  # per shard
@@ -48,6 +55,38 @@ def hub_offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Non
     monkeypatch.setattr(datasets.config, "HF_MODULES_CACHE", str(tmp_path / "hf-modules"))
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
     yield
+
+
+@pytest.fixture
+def built(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[TierCacheConfig]:
+    """The config of every tiercache filesystem built during the test; the default tier moved."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    monkeypatch.delenv("TIERCACHE_LOCAL_DIR", raising=False)
+    monkeypatch.delenv("TIERCACHE_CONSISTENCY", raising=False)
+    configs: list[TierCacheConfig] = []
+    init = TierCacheFileSystem.__init__
+
+    def recording_init(self: TierCacheFileSystem, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        configs.append(self.config)
+
+    monkeypatch.setattr(TierCacheFileSystem, "__init__", recording_init)
+    return configs
+
+
+def _assert_tier_used(
+    built: list[TierCacheConfig], tmp_path: Path, url: str, options: dict[str, Any], mode: str
+) -> None:
+    """Every filesystem built used the given tier and mode; the objects are there, not elsewhere."""
+    tier = str(tmp_path / "tier")
+    assert built, "datasets built no tiercache filesystem"
+    assert {(c.local_dir, c.consistency) for c in built} == {(tier, mode)}
+    fs, _ = fsspec.core.url_to_fs(url, **options)
+    assert fs.config.local_dir == tier
+    bucket = fs._strip_protocol(url).split("/")[0]
+    assert all(fs.is_cached(f"{bucket}/train/part-{i}.parquet") for i in range(SHARDS))
+    default = tmp_path / "xdg-cache" / "tiercache"
+    assert not [p for p in default.rglob("*") if p.is_file()], "the default tier holds files"
 
 
 def _put_shards(s3_client: Any, bucket: str) -> None:
@@ -65,10 +104,21 @@ def _check(rows: list[dict[str, Any]]) -> None:
 
 
 @pytest.mark.usefixtures("hub_offline")
+@pytest.mark.parametrize("streaming", [False, True], ids=["prepared", "streaming"])
 @pytest.mark.parametrize("consistency", sorted(CONSISTENCY))
 def test_load_dataset_by_chained_url(
-    s3: Any, s3_client: Any, proxy: Any, bucket: str, tmp_path: Path, consistency: str
+    s3: Any,
+    s3_client: Any,
+    proxy: Any,
+    bucket: str,
+    tmp_path: Path,
+    consistency: str,
+    streaming: bool,
+    built: list[TierCacheConfig],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    if streaming:
+        monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # streams from S3 regardless
     _put_shards(s3_client, bucket)
     url = f"tiercache::s3://{bucket}/train/*.parquet"
     options = chained_options(s3, proxy, tmp_path / "tier", **CONSISTENCY[consistency])
@@ -80,16 +130,20 @@ def test_load_dataset_by_chained_url(
             data_files=url,
             storage_options=options,
             split="train",
+            streaming=streaming,
             cache_dir=str(tmp_path / cache),
         )
+        assert isinstance(split, datasets.IterableDataset) == streaming
         return list(split)
 
     _check(load("hf-cold"))
     assert [proxy.count("GET", f"/train/part-{i}.parquet") for i in range(SHARDS)] == [1] * 3
     settle(url, options)
+    _assert_tier_used(built, tmp_path, url, options, consistency)
     rows, warm = requests_during(proxy, lambda: load("hf-warm"))
     _check(rows)
     assert_warm(warm, consistency)
+    _assert_tier_used(built, tmp_path, url, options, consistency)
 
 
 @pytest.mark.usefixtures("hub_offline")
@@ -102,6 +156,7 @@ def test_streaming_by_tiercache_url(
     tmp_path: Path,
     consistency: str,
     monkeypatch: pytest.MonkeyPatch,
+    built: list[TierCacheConfig],
 ) -> None:
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # streams from S3 regardless
     _put_shards(s3_client, bucket)
@@ -127,3 +182,4 @@ def test_streaming_by_tiercache_url(
     rows, warm = requests_during(proxy, stream)
     _check(rows)
     assert_warm(warm, consistency)
+    _assert_tier_used(built, tmp_path, url, options, consistency)

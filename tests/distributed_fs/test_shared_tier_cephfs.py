@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from cephfs_hosts import CephFS, HostProcess, on_host, start_all
-from proxy import FaultProxy
+from support.proxy import FaultProxy
 
 pytestmark = [pytest.mark.distributed_fs, pytest.mark.multinode, pytest.mark.integration]
 

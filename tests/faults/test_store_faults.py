@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import xxhash
-from proxy import FaultProxy
+from support.proxy import FaultProxy
 
 from tiercache import (
     AccessDeniedError,

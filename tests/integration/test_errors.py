@@ -15,7 +15,7 @@ import pytest
 from tiercache import AccessDeniedError, ConfigError, StoreUnavailableError, TierCacheFileSystem
 
 if TYPE_CHECKING:  # the fixture's class; imported for annotations only
-    from servers_under_test import OwnServer
+    from support.servers_under_test import OwnServer
 
 
 SECRET = "very-secret-value-0123456789"

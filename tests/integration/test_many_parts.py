@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from servers_under_test import S3Endpoint
+from support.servers_under_test import S3Endpoint
 
 from tiercache import TierCacheFileSystem
 from tiercache.store import multipart

@@ -32,7 +32,7 @@ from typing import Any
 import fsspec
 import pytest
 import xxhash
-from proxy import FaultProxy
+from support.proxy import FaultProxy
 
 from tiercache.tiers.entry import read_meta
 from tiercache.tiers.local import LocalTier

@@ -30,7 +30,7 @@ from typing import Any
 import fsspec
 import pytest
 import xxhash
-from proxy import FaultProxy
+from support.proxy import FaultProxy
 
 MiB = 1024 * 1024
 SIZE = 32 * MiB

@@ -13,7 +13,7 @@ from typing import Any
 
 import fsspec
 import pytest
-from remote_store import RemoteStore
+from support.remote_store import RemoteStore
 
 from tiercache import TierCacheFileSystem
 

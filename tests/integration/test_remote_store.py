@@ -15,7 +15,7 @@ import botocore.config
 import pytest
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
-from remote_store import PROFILES, RemoteStore, parse_rate, spawn
+from support.remote_store import PROFILES, RemoteStore, parse_rate, spawn
 
 pytestmark = pytest.mark.integration
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,3 +61,47 @@ def test_writes_fail_clearly_and_lose_nothing_already_closed(
     assert stored == b"closed before the disk filled"
     keys = [o["Key"] for o in s3_client.list_objects_v2(Bucket=bucket).get("Contents", [])]
     assert keys == ["small.bin"]  # the half-written file never reached the store
+
+
+def _fill(directory: Path) -> Path:
+    """Take every free byte of the filesystem of ``directory``; the file that holds them."""
+    filler = directory / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        for chunk in (4096, 1):
+            try:
+                while True:
+                    f.write(b"\0" * chunk)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+    return filler
+
+
+def test_uploads_that_cannot_be_recorded_on_a_full_tier_are_not_sent_again(
+    s3: Any, s3_client: Any, bucket: str, small_tier: Path, proxy: Any
+) -> None:
+    """The tier fills up while writes are pending: each reaches the store once, although
+    the tier has no room to mark it uploaded; space returns, and nothing is resent."""
+    fs = TierCacheFileSystem(
+        target_options=dict(s3.target_options(), endpoint_url=proxy.url),
+        local_dir=str(small_tier / "tier"),
+        local_max_bytes="1GiB",
+        skip_instance_cache=True,
+    )
+    payloads = {f"ckpt/{i}.bin": os.urandom(MiB) for i in range(3)}
+    proxy.fail_next(10**6, status=503, method="PUT")  # pending until the disk is full
+    for key, payload in payloads.items():
+        with fs.open(f"{bucket}/{key}", "wb") as f:
+            f.write(payload)
+    filler = _fill(small_tier)
+    proxy.clear()
+    puts_before = proxy.count("PUT")
+    fs.flush(timeout=30)
+    time.sleep(2)  # a resend would come meanwhile
+    assert proxy.count("PUT") - puts_before == len(payloads)
+    for key, payload in payloads.items():
+        assert s3_client.get_object(Bucket=bucket, Key=key)["Body"].read() == payload
+    assert fs.pending() == []
+    filler.unlink()
+    for key, payload in payloads.items():  # dropped from the tier, fetched again
+        assert fs.cat_file(f"{bucket}/{key}") == payload
+    assert proxy.count("PUT") - puts_before == len(payloads)

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from servers_under_test import S3Endpoint
+from support.servers_under_test import S3Endpoint
 
 from tiercache import TierCacheFileSystem
 
@@ -83,7 +83,6 @@ def test_what_a_killed_writer_began_is_aborted_by_fsck(
     ready = tmp_path / "parts-sent"
     script = f"""
 import os, signal, sys, time
-sys.path.insert(0, {str(Path(__file__).parent)!r})
 from tiercache import TierCacheFileSystem
 fs = TierCacheFileSystem(target_options={s3.target_options()!r}, local_dir={str(local_dir)!r},
     skip_instance_cache=True, part_size={PART}, upload_while_writing="on")

@@ -23,7 +23,7 @@ import xxhash
 from tiercache import TierCacheFileSystem
 
 if TYPE_CHECKING:  # the fixture's class; imported for annotations only
-    from servers_under_test import OwnServer
+    from support.servers_under_test import OwnServer
 
 
 MiB = 1024 * 1024

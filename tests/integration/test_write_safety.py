@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proxy import FaultProxy
-from servers_under_test import S3Endpoint
+from support.proxy import FaultProxy
+from support.servers_under_test import S3Endpoint
 
 from tiercache import TierCacheFileSystem, UploadFailedError
 from tiercache.errors import CacheTimeoutError, TierFullError

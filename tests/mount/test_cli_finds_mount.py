@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mount_helpers import Cli, cleanup_mount, make_cli, mount_entry, requires_fuse, server_env
+from support.mount_helpers import (
+    Cli,
+    cleanup_mount,
+    make_cli,
+    mount_entry,
+    requires_fuse,
+    server_env,
+)
 
 pytestmark = pytest.mark.integration
 

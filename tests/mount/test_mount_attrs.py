@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mount_helpers import Cli, requires_fuse, stored_or_none
+from support.mount_helpers import Cli, requires_fuse, stored_or_none
 
 from tiercache.mount.library import prefer_libfuse3
 from tiercache.mount.moves import TreeMoveError, move_tree, objects_under

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from mount_helpers import active_mounts, cleanup_mount, make_cli, requires_fuse
+from support.mount_helpers import active_mounts, cleanup_mount, make_cli, requires_fuse
 
 if TYPE_CHECKING:  # the fixture's class; imported for annotations only
-    from servers_under_test import OwnServer
+    from support.servers_under_test import OwnServer
 
 pytestmark = [pytest.mark.integration, requires_fuse]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mount_helpers import Cli, cleanup_mount, requires_fuse
+from support.mount_helpers import Cli, cleanup_mount, requires_fuse
 
 from tiercache.mount import active_mounts
 

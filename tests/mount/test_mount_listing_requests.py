@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mount_helpers import Cli, make_cli, requires_fuse, server_env
+from support.mount_helpers import Cli, make_cli, requires_fuse, server_env
 
 pytestmark = [pytest.mark.integration, requires_fuse]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mount_helpers import Cli, requires_fuse, stored_or_none
+from support.mount_helpers import Cli, requires_fuse, stored_or_none
 
 pytestmark = [pytest.mark.integration, requires_fuse]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proxy import FaultProxy
+from support.proxy import FaultProxy
 
 torch = pytest.importorskip(
     "torch", reason="PyTorch is not installed (the adapters need the tiercache[torch] extra)"

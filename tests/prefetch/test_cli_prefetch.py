@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proxy import FaultProxy
+from support.proxy import FaultProxy
 
 MiB = 1024 * 1024
 CLI = [sys.executable, "-m", "tiercache.cli", "prefetch"]

@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from proxy import FaultProxy
+from support.proxy import FaultProxy
 
 from tiercache import TierCacheFileSystem
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proxy import FaultProxy
+from support.proxy import FaultProxy
 
 from tiercache import TierCacheFileSystem
 

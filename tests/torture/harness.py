@@ -33,7 +33,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-for _extra in (HERE, ROOT / "scripts", ROOT / "tests" / "faults"):
+for _extra in (HERE, ROOT / "scripts", ROOT / "tests"):  # run as a script too
     if str(_extra) not in sys.path:
         sys.path.insert(0, str(_extra))
 
@@ -159,7 +159,7 @@ class Harness:
         endpoint = self.env.store.endpoint
         if scenario == "faults":
             if self.env.proxy is None:
-                from proxy import FaultProxy
+                from support.proxy import FaultProxy
 
                 self.env.proxy = FaultProxy(self.env.store.endpoint, timeout=30)
             endpoint = self.env.proxy.url

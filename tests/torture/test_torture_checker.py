@@ -20,8 +20,24 @@ def _history(*ops: Op) -> History:
     return history
 
 
-def _write(uid: str, start: float | None, ret: float | None, error: str | None = None) -> Op:
-    return Op(uid=uid, kind="write", path=P, who="w", sent=0.0, start=start, ret=ret, error=error)
+def _write(
+    uid: str,
+    start: float | None,
+    ret: float | None,
+    error: str | None = None,
+    generation: int | None = None,
+) -> Op:
+    return Op(
+        uid=uid,
+        kind="write",
+        path=P,
+        who="w",
+        sent=0.0,
+        start=start,
+        ret=ret,
+        error=error,
+        generation=generation,
+    )
 
 
 def _final(store: str, tier: str | None = None, flush: str = "ok") -> Final:
@@ -29,14 +45,33 @@ def _final(store: str, tier: str | None = None, flush: str = "ok") -> Final:
     return Final("fs", flush, 0.1, {P: store}, {P: tier}, {P: tier}, [], [])
 
 
-def test_the_close_that_returned_last_wins() -> None:
+def test_a_close_that_began_after_another_returned_wins() -> None:
     history = _history(_write("a", 1.0, 2.0), _write("b", 3.0, 4.0))
     assert history.allowed(P) == {"b"}
 
 
-def test_overlapping_closes_may_end_either_way() -> None:
+def test_overlapping_closes_of_unknown_commit_order_may_end_either_way() -> None:
     history = _history(_write("a", 1.0, 3.0), _write("b", 2.0, 4.0))
     assert history.allowed(P) == {"a", "b"}
+
+
+def test_overlapping_closes_end_with_the_last_committed_not_the_last_returned() -> None:
+    # b's close() returned last, but a committed after it: a is what the key must hold.
+    history = _history(_write("a", 1.0, 3.0, generation=20), _write("b", 2.0, 4.0, generation=10))
+    assert history.allowed(P) == {"a"}
+    history.add(_write("c", None, None))
+    history.record(("done", "c", 2.5, 3.5, None, 30))  # the worker's report carries it
+    assert history.allowed(P) == {"c"}
+    history.final = _final("a")
+    assert [v.kind for v in history.check()] == ["lost-write"]
+
+
+def test_a_commit_after_a_later_started_one_is_after_it_too() -> None:
+    # b started at 5 and a committed after b: a delete that returned at 4 cannot be last.
+    rm = Op(uid="d", kind="rm", path=P, who="w", sent=0.0, start=2.0, ret=4.0)
+    history = _history(_write("a", 1.0, 7.0, generation=20), _write("b", 5.0, 6.0, generation=10))
+    history.add(rm)
+    assert history.allowed(P) == {"a"}
 
 
 def test_an_in_doubt_close_may_land_at_any_time_after_it_began() -> None:

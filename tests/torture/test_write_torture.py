@@ -12,15 +12,11 @@ that pauses it. For a long run: ``.venv/bin/python tests/torture/harness.py --ro
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
+import harness  # beside this file, on the path pytest gives a test folder
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness
 
 ROUNDS = int(os.environ.get("TIERCACHE_TORTURE_ROUNDS", "50"))
 TIME_LIMIT = float(os.environ.get("TIERCACHE_TORTURE_SECONDS", "60"))

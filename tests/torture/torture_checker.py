@@ -3,13 +3,21 @@
 Each key's operations are writes (a ``close()``) and deletes (an ``rm``), each with the
 CLOCK_MONOTONIC instants its call started and returned. One is *acknowledged* when it
 returned without error and its worker reported that; otherwise (killed, hung, raised) it is
-*in doubt* and may take effect at any instant after it started. The version whose ``close()``
-returned last wins, so a key may end in the effect of an operation V exactly when no
-acknowledged operation W on the key started after V returned (an in-doubt V never
-returned); with no acknowledged operation at all it may also still be absent. An operation
-that never started (its writer was killed, or failed, before ``close()``/``rm``) never takes
-effect, and neither does a *dropped* write (an exception inside its ``with`` block), even
-when parts of it were sent to the store while it was written.
+*in doubt* and may take effect at any instant after it started.
+
+The promise checked: the key ends with the version *committed* last. Each operation takes
+effect at one instant, its commit, inside its call: for a write-behind ``close()`` the moment
+its version becomes the object's newest on the host (the generation ``f.info["generation"]``
+reports, which the worker sends with its ``done``); the ``close()`` that returned last need
+not be the one that committed last when two overlap. So a key may end in the effect of an
+operation V exactly when V's commit can be the last one: no acknowledged operation W on the
+key has to commit after V returned (W started after V returned, or W's generation is above
+that of a write that did), and no acknowledged write committed after V by generation (an
+in-doubt V never returned, and its generation is unknown). With no acknowledged operation at
+all the key may also still be absent. An operation that never started (its writer was
+killed, or failed, before ``close()``/``rm``) never takes effect, and neither does a
+*dropped* write (an exception inside its ``with`` block), even when parts of it were sent to
+the store while it was written.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ class Op:
     size: int = 0
     digest: str = ""
     error: str | None = None
+    generation: int | None = None  # an acknowledged write's commit order on its host
 
     @property
     def acked(self) -> bool:
@@ -122,9 +131,10 @@ class History:
             op = self.ops[uid]
             op.start, op.digest, op.size = start, digest, size
         elif kind == "done":
-            _, uid, start, ret, error = msg
+            _, uid, start, ret, error, *generation = msg
             op = self.ops[uid]
             op.start, op.ret, op.error = start, ret, error
+            op.generation = generation[0] if generation else None
         elif kind == "flushed":
             self.flushes.append(FlushObs(*msg[1:]))
         elif kind == "read":
@@ -152,12 +162,18 @@ class History:
         has taken effect (the rule in the module docstring)."""
         ops = self.ops_on(path)
         acked = [w for w in ops if w.acked and w.returned < acked_before]
+        earliest = _earliest_commits(acked)
         states = set() if acked else {ABSENT}
         for v in ops:
             if v.start is None:
                 continue  # never closed (killed or failed before): nothing of it may land
-            if not any(w.start is not None and w.start > v.returned for w in acked):
-                states.add(v.effect)
+            if any(earliest[w.uid] > v.returned for w in acked):
+                continue  # W committed after V returned
+            if v.acked and v.generation is not None:
+                gen = v.generation
+                if any(w.generation is not None and w.generation > gen for w in acked):
+                    continue  # W committed after V
+            states.add(v.effect)
         return states
 
     def check(self) -> list[Violation]:
@@ -297,7 +313,7 @@ class History:
                 elif op.uid in self.dropped:
                     state = f"DROPPED ({op.digest}; {op.error or 'as planned'})"
                 elif op.acked:
-                    state = "acked"
+                    state = "acked" if op.generation is None else f"acked, gen {op.generation}"
                 elif op.start is None:
                     state = f"NEVER CLOSED ({op.error or 'killed before close()'}): must not land"
                 elif op.error is not None:
@@ -331,6 +347,19 @@ class History:
             lines += _describe_final(self.final, paths or self.paths)
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def _earliest_commits(acked: list[Op]) -> dict[str, float]:
+    """The earliest instant each acknowledged operation can have committed at: its start, or
+    later where a write of a lower generation (committed before it) started later."""
+    earliest = {op.uid: op.start if op.start is not None else -INF for op in acked}
+    floor = -INF
+    for op in sorted(
+        (o for o in acked if o.generation is not None), key=lambda o: o.generation or 0
+    ):
+        floor = max(floor, earliest[op.uid])
+        earliest[op.uid] = floor
+    return earliest
 
 
 def _describe_final(final: Final, paths: list[str]) -> list[str]:

@@ -169,7 +169,10 @@ class _Worker:
             f.close()
         except Exception as exc:
             error = _describe(exc)
-        self.send(("done", uid, start, time.monotonic(), error))
+        returned = time.monotonic()
+        # Where this write committed among the key's writes (write-behind only; None else).
+        generation = (getattr(f, "info", None) or {}).get("generation") if error is None else None
+        self.send(("done", uid, start, returned, error, generation))
         if step.get("flush") is not None:
             self.step_flush({"path": step["path"], "timeout": step["flush"]}, who)
 

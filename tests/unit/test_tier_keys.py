@@ -96,8 +96,17 @@ def test_tier_files_are_private(tmp_path: Path) -> None:
     fs = TierCacheFileSystem(store=store, local_dir=str(root), skip_instance_cache=True)
     fs.cat("bkt/k")
     fs.wait_fetches()
-    for dirpath, dirnames, files in os.walk(root):
-        for name in dirnames:
-            assert os.stat(os.path.join(dirpath, name)).st_mode & 0o077 == 0
-        for name in files:
-            assert os.stat(os.path.join(dirpath, name)).st_mode & 0o077 == 0
+    entry = fs.read_path.cached("bkt", "k")
+    assert entry is not None
+    walked = [
+        os.path.join(dirpath, name)
+        for dirpath, dirnames, files in os.walk(root)
+        for name in [*dirnames, *files]
+    ]
+    # The walk found the entry's data file and the directories above it, up to the root.
+    data = Path(entry.paths.data)
+    assert str(data) in walked
+    assert {str(d) for d in data.parents if root in d.parents} <= set(walked)
+    not_private = [p for p in walked if os.stat(p).st_mode & 0o077]
+    assert not_private == []
+    assert os.stat(root).st_mode & 0o077 == 0

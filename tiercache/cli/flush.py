@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import threading
 import time
 
 from tiercache.cli.common import (
@@ -40,7 +41,16 @@ uploading, the journal is reconciled with the tier (what a crash left is repaire
 reported). Exit 1 names what is still pending at the timeout, what the store refused for
 good (`tiercache discard PATH` drops it) or what was lost, and uploads pending for another
 endpoint than the one given (run flush again with that --endpoint-url).
+
+While it waits, flush says on stderr what it waits for (at the first failed attempt, then
+every 10 s). Without --timeout it gives up, exit 1, once no upload has reached the store
+for --give-up-after seconds (default 300) while attempts keep failing (the store is down,
+refuses connections or does not answer); what is pending stays in the journal for the next
+flush. --give-up-after 0 waits for ever.
 """
+
+GIVE_UP_AFTER = 300.0  # seconds without an upload landing, while attempts fail
+PROGRESS_EVERY = 10.0  # seconds between two "still waiting" lines
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +59,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_mount_flag(parser)
     add_store_flags(parser)
     parser.add_argument("--timeout", type=float, help="give up after this many seconds")
+    parser.add_argument(
+        "--give-up-after",
+        type=float,
+        metavar="SECONDS",
+        help="give up once no upload has reached the store for this long while attempts "
+        f"keep failing (default without --timeout: {GIVE_UP_AFTER:.0f}; 0: never)",
+    )
     parser.add_argument(
         "--retry-failed",
         action="store_true",
@@ -67,11 +84,11 @@ def run(args: argparse.Namespace) -> int:
     repairs = fs.fsck(scrub=False)
     before = fs.pending()
     try:
-        fs.flush(timeout=args.timeout, retry_failed=args.retry_failed)
+        _flush_watched(fs, args, args.retry_failed)
         while args.watch:
             time.sleep(1.0)
-            fs.flush(timeout=args.timeout)
-    except (CacheTimeoutError, UploadFailedError) as exc:
+            _flush_watched(fs, args, False)
+    except (CacheTimeoutError, UploadFailedError, _GaveUpError) as exc:
         return _fail(args, str(exc), fs)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends it at once
@@ -110,3 +127,97 @@ def _fail(args: argparse.Namespace, message: str, fs: TierCacheFileSystem) -> in
     else:
         print(f"tiercache flush: {message}", file=sys.stderr)
     return 1
+
+
+class _GaveUpError(Exception):
+    """No upload reached the store for ``--give-up-after`` seconds while attempts failed."""
+
+
+def _flush_watched(fs: TierCacheFileSystem, args: argparse.Namespace, retry_failed: bool) -> None:
+    """``fs.flush``, saying on stderr what it waits for, and giving up once the store has
+    taken nothing for ``--give-up-after`` seconds while attempts fail (``_GaveUpError``)."""
+    give_up = args.give_up_after
+    if give_up is None:
+        give_up = GIVE_UP_AFTER if args.timeout is None else 0.0
+    outcome: list[BaseException | None] = []
+
+    def flush() -> None:
+        try:
+            fs.flush(timeout=args.timeout, retry_failed=retry_failed)
+        except BaseException as exc:  # handed to the waiting thread
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    flusher = threading.Thread(target=flush, name="tiercache-flush", daemon=True)
+    flusher.start()
+    watch = _Progress(fs, give_up)
+    while True:
+        flusher.join(2.0)  # returns as soon as the flush ends; a look reads the journal
+        if outcome:
+            if outcome[0] is not None:
+                raise outcome[0]
+            return
+        watch.look()
+
+
+class _Progress:
+    """What a waiting flush has seen: when an upload last landed, the errors since."""
+
+    def __init__(self, fs: TierCacheFileSystem, give_up: float) -> None:
+        self._fs = fs
+        self._give_up = give_up
+        self._started = self._landed_at = time.monotonic()
+        self._said_at = -PROGRESS_EVERY
+        self._told_failure = False
+        self._seen = self._counts()
+        self._errors_at_landing = self._seen[2]
+
+    def _counts(self) -> tuple[int, int, int]:
+        stats = self._fs.stats()
+        return len(self._fs.pending()), stats["uploads"], stats["upload_errors"]
+
+    def look(self) -> None:
+        now = time.monotonic()
+        pending, uploads, errors = counts = self._counts()
+        if pending < self._seen[0] or uploads > self._seen[1]:
+            self._landed_at = now  # something reached the store: the store is there
+            self._errors_at_landing = errors
+        self._seen = counts
+        failing = errors > self._errors_at_landing
+        if failing and self._give_up and now - self._landed_at >= self._give_up:
+            raise _GaveUpError(
+                f"gave up: no upload has reached the store for {now - self._landed_at:.0f} s "
+                f"while attempts failed; {self._waiting()}; what is pending stays in the "
+                "journal: run `tiercache flush` again once the store answers "
+                "(--give-up-after sets how long to wait, 0: for ever)"
+            )
+        first_failure = errors > 0 and not self._told_failure
+        due = now - self._said_at >= PROGRESS_EVERY and now - self._started >= PROGRESS_EVERY
+        if first_failure or due:
+            self._told_failure = self._told_failure or errors > 0
+            self._say(now)
+
+    def _say(self, now: float) -> None:
+        self._said_at = now
+        left = ""
+        if self._give_up:
+            left = f"; giving up in {max(0.0, self._give_up - (now - self._landed_at)):.0f} s"
+            left += " unless an upload lands"
+        print(
+            f"tiercache flush: waiting for {self._waiting()} ({now - self._started:.0f} s){left}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def _waiting(self) -> str:
+        rows = [r for r in self._fs.pending() if r["state"] == "dirty"]
+        if not rows:
+            return "the last uploads to finish"
+        first = rows[0]
+        why = first["last_error"] or "an upload under way"
+        return (
+            f"{len(rows)} object(s), {human_bytes(sum(r['size'] for r in rows))}, e.g. "
+            f"{first['name']}: {why}"
+            + (f" (attempt {first['attempts']})" if first["attempts"] else "")
+        )

@@ -22,9 +22,12 @@ examples:
   tiercache fsck --no-scrub --json      # journal and leftovers only (fast)
 
 Pending writes whose record or bytes a crash damaged are re-journaled from the bytes the tier
-still holds, or reported LOST by name. With the scrub, every whole cached entry is checked
-against its xxh3 digest: a corrupt clean entry is evicted (the next read fetches it again), a
-corrupt pending write is reported LOST. Exit 0: nothing lost, failed or corrupt; 1 otherwise.
+still holds, or reported LOST by name. A pending write whose cache entry is damaged or gone
+(metadata garbled or missing, data truncated or removed) is published again from the journal's
+own copy of its bytes, and reported DAMAGED; if that copy is damaged too it is LOST. With the
+scrub, every whole cached entry is checked against its xxh3 digest: a corrupt clean entry is
+evicted (the next read fetches it again), a corrupt pending write is restored from its journal
+copy or reported LOST. Exit 0: nothing damaged, lost, failed or corrupt; 1 otherwise.
 """
 
 
@@ -52,6 +55,12 @@ def run(args: argparse.Namespace) -> int:
         )
         for name in report["corrupt_evicted"]:
             print(f"  corrupt, evicted: {name}")
+        for name in report["damaged"]:
+            print(
+                f"  DAMAGED: {name}: its cache entry was damaged; restored from the journal's "
+                "copy, it is still to be uploaded",
+                file=sys.stderr,
+            )
         for row in bad:
             print(f"  {row['state'].upper()}: {row['name']}: {row['last_error']}", file=sys.stderr)
-    return 1 if bad or report["corrupt_evicted"] else 0
+    return 1 if bad or report["corrupt_evicted"] or report["damaged"] else 0

@@ -12,6 +12,7 @@ from tiercache.cli.common import (
     filesystem_from_args,
     print_json,
 )
+from tiercache.metrics.serve import parse_listen, require_prometheus_client
 from tiercache.mount.control import (
     MountError,
     check_mountpoint,
@@ -78,6 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the kernel, libfuse >= 3.16 and root allow it, lets the kernel read a warm file opened "
         "read-only from its tier copy, and refuses writers while such readers hold it: ETXTBSY)",
     )
+    parser.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="also serve the node's Prometheus metrics (as `tiercache metrics --listen` does) "
+        "from the mount process; needs the metrics extra",
+    )
     parser.add_argument("--debug", action="store_true", help="log every FUSE request")
     add_json_flag(parser)
 
@@ -90,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
     mountpoint = check_mountpoint(args.mountpoint)
     if args.attr_timeout < 0:
         raise MountError("--attr-timeout must be >= 0")
+    if args.metrics_listen is not None:  # said here, not in the background mount's log
+        parse_listen(args.metrics_listen)
+        require_prometheus_client()
     fs = filesystem_from_args(args)
     try:
         fs.info(bucket)  # the bucket exists and the credentials work, before anything mounts
@@ -108,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         allow_other=args.allow_other,
         passthrough=args.passthrough,
         debug=args.debug,
+        metrics_listen=args.metrics_listen,
     )
     if args.foreground:
         serve(spec, fs)

@@ -13,6 +13,7 @@ from tiercache.cli.common import (
     human_bytes,
     print_json,
 )
+from tiercache.metrics.node import NodeReader
 from tiercache.mount.control import read_mount_stats, running_mounts
 
 NAME = "stats"
@@ -21,10 +22,13 @@ EPILOG = """\
 examples:
   tiercache stats
   tiercache stats --json | jq '.mounts[].stats.hits'
+  tiercache stats --json | jq '.node.hits'
 
 Counters live in the process that does the work: a mount publishes its own every second
 (listed under "mounts"); the top-level counters are this command's, so they show the
-tier's usage and budget. No credential appears in the output.
+tier's usage and budget. "node" adds up every process that used this local tier, those
+that have exited included: the totals `tiercache metrics` serves. No credential appears
+in the output.
 """
 
 _SHOWN = ("hits", "misses", "bytes_read", "bytes_fetched", "bytes_written", "uploads", "evictions")
@@ -44,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         **fs.stats(),
         "local_dir": fs.config.local_dir,
         "pending_uploads": len(fs.pending()),
+        "node": NodeReader(fs.config).counters(),
         "mounts": [],
     }
     for mount in running_mounts():
@@ -67,13 +72,19 @@ def run(args: argparse.Namespace) -> int:
         f"of {human_bytes(report['local_max_bytes'])}; "
         f"{report['pending_uploads']} upload(s) pending"
     )
+    print("node        every process that used this tier, exited ones included")
+    _print_counters(report["node"])
     for mount in report["mounts"]:
         print(f"mount {mount['mountpoint']}  {mount['url']}")
         if mount["stats"] is None:
             print("  (no counters: the mount uses another local tier, or just started)")
             continue
-        for name in _SHOWN:
-            value = mount["stats"].get(name, 0)
-            shown = human_bytes(value) if name.startswith("bytes") else f"{value:,.0f}"
-            print(f"  {name:<14}{shown}")
+        _print_counters(mount["stats"])
     return 0
+
+
+def _print_counters(counters: dict[str, Any]) -> None:
+    for name in _SHOWN:
+        value = counters.get(name, 0)
+        shown = human_bytes(value) if name.startswith("bytes") else f"{value:,.0f}"
+        print(f"  {name:<14}{shown}")

@@ -60,7 +60,8 @@ class ReadHandle:
         return None if settled is None else settled()
 
     def close(self) -> None:
-        self._file.close()
+        with self._lock:  # a read under way on this handle ends first
+            self._file.close()
 
 
 # A read within this many read sizes of where the last one ended counts as the next one.
@@ -297,6 +298,65 @@ class EntryHandle:
 Handle = ReadHandle | ColdReadHandle | EntryHandle
 
 
+class ReadFollowers:
+    """Read handles that follow what this mount writes to their path.
+
+    A descriptor opened for reading before a writer opened the same path holds the version it
+    opened; as on a local filesystem it must read what the writer writes (``tail -f``): while
+    the path is open for writing its reads are served by the path's ``WritableFile``, and once
+    a commit here made a newer version, its next read reopens the path. A handle stops
+    following when its name is unlinked or renamed (it keeps the version it has).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._opened: dict[int, tuple[str, int]] = {}  # handle number -> (path, commits seen)
+        self._commits: dict[str, int] = {}  # commits made here, of paths being followed
+
+    def opened(self, number: int, path: str) -> None:
+        with self._lock:
+            self._opened[number] = (path, self._commits.get(path, 0))
+
+    def closed(self, number: int) -> None:
+        with self._lock:
+            found = self._opened.pop(number, None)
+            if found is not None and not any(p == found[0] for p, _ in self._opened.values()):
+                self._commits.pop(found[0], None)
+
+    def path_of(self, number: int) -> str | None:
+        """The path a handle follows, or None when it follows none."""
+        with self._lock:
+            found = self._opened.get(number)
+            return None if found is None else found[0]
+
+    def committed(self, path: str) -> None:
+        """A newer version of ``path`` was committed here: its followers reopen it."""
+        with self._lock:
+            if any(p == path for p, _ in self._opened.values()):
+                self._commits[path] = self._commits.get(path, 0) + 1
+
+    def stale(self, number: int) -> bool:
+        """Whether a commit made here since the handle opened (or reopened) its version."""
+        with self._lock:
+            found = self._opened.get(number)
+            return found is not None and self._commits.get(found[0], 0) != found[1]
+
+    def reopened(self, number: int) -> None:
+        with self._lock:
+            found = self._opened.get(number)
+            if found is not None:
+                self._opened[number] = (found[0], self._commits.get(found[0], 0))
+
+    def gone(self, *paths: str) -> None:
+        """Unlinked or renamed (or replaced): their handles keep the version they have."""
+        with self._lock:
+            for number, (path, _) in list(self._opened.items()):
+                if any(path == p or path.startswith(p.rstrip("/") + "/") for p in paths):
+                    del self._opened[number]
+            for path in paths:
+                self._commits.pop(path, None)
+
+
 class HandleTable:
     """Open handles by number (the ``fh`` the kernel passes back)."""
 
@@ -317,6 +377,15 @@ class HandleTable:
         if handle is None:
             raise OSError(errno.EBADF, "no such open file")
         return handle
+
+    def replace(self, number: int, handle: Handle) -> Handle | None:
+        """Put ``handle`` under ``number``; the one it replaces (None: closed meanwhile, and
+        ``handle`` is not kept)."""
+        with self._lock:
+            old = self._handles.get(number)
+            if old is not None:
+                self._handles[number] = handle
+            return old
 
     def pop(self, number: int) -> Handle | None:
         with self._lock:

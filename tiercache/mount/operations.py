@@ -24,7 +24,15 @@ from typing import Any, TypeVar
 from tiercache.mount.attrs import DIRECTORY, Attr, AttrCache, attr_from_info
 from tiercache.mount.caller import closing_state
 from tiercache.mount.errno_map import errno_for
-from tiercache.mount.handles import EntryHandle, HandleTable, ReadObserver, ReadOpener
+from tiercache.mount.handles import (
+    EntryHandle,
+    Handle,
+    HandleTable,
+    ReadFollowers,
+    ReadHandle,
+    ReadObserver,
+    ReadOpener,
+)
 from tiercache.mount.kept import DEFAULT_FILE_MODE, AttrKeeper, SetAttrs
 from tiercache.mount.lookahead import MetadataLookAhead
 from tiercache.mount.moves import TreeMoveError, move_tree, objects_under
@@ -117,6 +125,8 @@ class MountOperations:
         self.options = options
         self.observer = observer
         self.handles = HandleTable()
+        self.followers = ReadFollowers()
+        self._reopen_lock = threading.Lock()
         self.readers = ReadOpener(fs, observer, options.keep_cache)
         self.passthrough = Passthrough(options.passthrough and not options.direct_io)
         self.writables = WritableFiles()
@@ -409,7 +419,8 @@ class MountOperations:
             fi.fh = self.handles.add(handle)
             fi.keep_cache = int(keep)
             fi.noflush = 1  # a close(2) of a reader has nothing to flush: no request for it
-            self.passthrough.opened(fi.fh, path, fi, handle.settled_fd())
+            if not self.passthrough.opened(fi.fh, path, fi, handle.settled_fd()):
+                self.followers.opened(fi.fh, path)  # its reads reach the mount: see writes
             return 0
         self._writable()
         if self._attr(path).is_dir:
@@ -463,7 +474,11 @@ class MountOperations:
         handle = self.handles.get(fi.fh)
         if self.observer is not None:
             self.observer.read(handle.path, offset, size)
-        return handle.read(size, offset)
+        written = self._written_since_open(fi.fh)
+        if written is not None:
+            buffer = bytearray(size)
+            return bytes(buffer[: written.read_into(memoryview(buffer), offset)])
+        return self._current_version(fi.fh, handle).read(size, offset)
 
     @answers_errno
     def read_into(self, path: str | None, buffer: memoryview, offset: int, fi: Any) -> int:
@@ -471,7 +486,38 @@ class MountOperations:
         handle = self.handles.get(fi.fh)
         if self.observer is not None:
             self.observer.read(handle.path, offset, len(buffer))
-        return handle.read_into(buffer, offset)
+        written = self._written_since_open(fi.fh)
+        if written is not None:
+            return written.read_into(buffer, offset)
+        return self._current_version(fi.fh, handle).read_into(buffer, offset)
+
+    def _written_since_open(self, number: int) -> WritableFile | None:
+        """The file open for writing that a reader opened before it reads (see
+        ``ReadFollowers``), or None."""
+        path = self.followers.path_of(number)
+        if path is None:
+            return None
+        entry = self.writables.current(path)
+        return None if entry is None or entry.unlinked else entry
+
+    def _current_version(self, number: int, handle: Handle) -> Handle:
+        """``handle``, or a handle of the newer version a commit made here since it opened
+        (which replaces it)."""
+        path = self.followers.path_of(number)
+        if path is None or not self.followers.stale(number):
+            return handle
+        with self._reopen_lock:
+            if not self.followers.stale(number):
+                return self.handles.get(number)
+            fresh = ReadHandle(path, self.fs.open(self._full(path), "rb"))
+            self.followers.reopened(number)
+            replaced = self.handles.replace(number, fresh)
+        if replaced is None:  # released meanwhile
+            fresh.close()
+            return handle
+        if not isinstance(replaced, EntryHandle):  # followers are readers: never one
+            replaced.close()
+        return fresh
 
     @answers_errno
     def write(self, path: str | None, data: bytes, offset: int, fi: Any) -> int:
@@ -536,6 +582,7 @@ class MountOperations:
     @answers_errno
     def release(self, path: str | None, fi: Any) -> int:
         self.passthrough.released(fi.fh)
+        self.followers.closed(fi.fh)
         handle = self.handles.pop(fi.fh)
         if isinstance(handle, EntryHandle):
             handle.flushed()
@@ -561,6 +608,7 @@ class MountOperations:
         self.kept.changed(entry.path)
         if size is not None:
             self.cache.put(entry.path, Attr(False, size, time.time_ns()))
+            self.followers.committed(entry.path)
         self.kept.schedule(entry.path)  # times and modes set while it was open
 
     # -- the namespace -----------------------------------------------------------------------
@@ -579,6 +627,7 @@ class MountOperations:
                 raise
         self.kept.removed(path)
         self.passthrough.gone(path)
+        self.followers.gone(path)
         self._mark_gone(path)
         self._keep_parent(path)
         self.cache.forget(path)
@@ -637,6 +686,7 @@ class MountOperations:
             self.writables.move(entry, new, self._full(new))
         self.kept.moved(old, new)
         self.passthrough.moved(old, new)
+        self.followers.gone(old, new)
         self._mark_made(new)
         self._mark_gone(old)
         self._keep_parent(old)
@@ -680,6 +730,7 @@ class MountOperations:
         self._keep_parent(old)
         self.kept.moved(old, new)
         self.passthrough.moved(old, new)
+        self.followers.gone(old, new)
         self._mark_made(new)
         self._mark_gone(old, *moved)
         for changed in (old, new, *moved):

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tiercache.metrics import publish
+from tiercache.metrics.serve import parse_listen, start_http
 from tiercache.mount.binding import caller_pid, fuse_class
 from tiercache.mount.control import (
     MountError,
@@ -41,6 +43,7 @@ class MountSpec:
     allow_other: bool = False
     passthrough: bool = True  # see ``passthrough``; off: every read reaches the mount
     debug: bool = False
+    metrics_listen: str | None = None  # HOST:PORT: serve the node's Prometheus metrics
 
 
 def kernel_options(spec: MountSpec) -> dict[str, Any]:
@@ -104,6 +107,11 @@ def serve(spec: MountSpec, fs: Any) -> None:
         daemon=True,
     )
     writer.start()
+    # The node's metrics count the mount's own ranged reads too, while it serves.
+    publish.track(
+        fs.tier.root, operations, operations.counters, fs.tier.file_mode, fs.tier.dir_mode
+    )
+    stop_metrics = _serve_metrics(spec, fs)
     record = _record_self(spec, fs)
     log.info("serving %s on %s (pid %d)", spec.url, spec.mountpoint, os.getpid())
     try:
@@ -120,6 +128,8 @@ def serve(spec: MountSpec, fs: Any) -> None:
     finally:
         stop.set()
         writer.join(5)
+        if stop_metrics is not None:
+            stop_metrics()
         if record is not None:
             remove_record(record)
         try:
@@ -127,6 +137,15 @@ def serve(spec: MountSpec, fs: Any) -> None:
         except FileNotFoundError:
             pass
         log.info("unmounted %s; uploads still pending: %d", spec.mountpoint, len(fs.pending()))
+
+
+def _serve_metrics(spec: MountSpec, fs: Any) -> Callable[[], None] | None:
+    """Serve the node's metrics from this process when asked (``--metrics-listen``)."""
+    if spec.metrics_listen is None:
+        return None
+    bound, stop = start_http(fs.config, parse_listen(spec.metrics_listen))
+    log.info("serving metrics on %s", bound.url())
+    return stop
 
 
 def _record_self(spec: MountSpec, fs: Any) -> str | None:

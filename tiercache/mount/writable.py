@@ -17,7 +17,6 @@ mid-copy leaves the object as it was.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import threading
@@ -25,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tiercache.errors import TierFullError
+from tiercache.errors import tier_full
 from tiercache.write.staged import StagedWriteFile
 
 log = logging.getLogger("tiercache.mount")
@@ -263,9 +262,7 @@ def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> int:
 
 
 def _tier_full(exc: OSError, path: str) -> OSError:
-    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-        return exc
-    return TierFullError(errno.ENOSPC, f"no space left in the local tier writing {path}")
+    return tier_full(exc, f"no space left in the local tier writing {path}")
 
 
 class WritableFiles:

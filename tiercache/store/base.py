@@ -151,3 +151,8 @@ class ObjectStore(Protocol):
     def request_counts(self) -> dict[str, int]:
         """Requests sent to the store by this process, by operation (``GetObject``…)."""
         ...
+
+    def error_counts(self) -> dict[str, int]:
+        """Requests of this process that failed, by operation; a missing object or a changed
+        one (404, 412) is an answer, not an error."""
+        ...

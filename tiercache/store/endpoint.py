@@ -26,10 +26,13 @@ _SCHEME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*$")
 
 
 def check_endpoint(url: object, label: str = "endpoint") -> str:
-    """Return ``url`` if it is an http(s) URL without userinfo, else raise ``ConfigError``.
+    """Return ``url`` if it is an http(s) URL with a host, a numeric port if any, no userinfo,
+    no query and no fragment; else raise ``ConfigError``.
 
     ``label`` names where the URL came from (``s3 endpoint_url``, ``AWS_ENDPOINT_URL``). The
-    message never repeats what precedes an ``@``: it may be an access key and its secret.
+    message shows the URL only as ``redact_endpoint`` writes it: what precedes an ``@`` may be
+    an access key and its secret, and a port that is not a number, a query or a fragment may
+    be a secret pasted in the wrong place (boto3 refuses such an endpoint and repeats it whole).
     """
     if not isinstance(url, str):
         raise ConfigError(f"{label} must be an http:// or https:// URL, got {type(url).__name__}")
@@ -39,17 +42,43 @@ def check_endpoint(url: object, label: str = "endpoint") -> str:
             f"{redact_endpoint(url)!r}; pass the access key and secret as the s3 options key "
             "and secret (or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
         )
+    if "?" in url or "#" in url:
+        raise ConfigError(
+            f"{label}: a query or fragment (?…, #…) is not allowed in an endpoint, got "
+            f"{redact_endpoint(url)!r}"
+        )
     _canonical(url, label)
     return url
 
 
 def redact_endpoint(url: str) -> str:
-    """``url`` with everything between its scheme and its last ``@`` replaced by ``***``."""
-    if "@" not in url:
-        return url
-    scheme, sep, _ = url.partition("://")
-    host = url.rpartition("@")[2]
-    return f"{scheme}://***@{host}" if sep and _SCHEME_RE.match(scheme) else f"***@{host}"
+    """``url`` as messages may show it: userinfo, the query and the fragment each replaced by
+    ``***``, and so is a port that is not a number with all that follows it; the scheme, host
+    and path are kept, to find the setting."""
+    scheme, sep, rest = url.partition("://")
+    if not (sep and _SCHEME_RE.match(scheme)):
+        scheme, rest = "", url
+    at = "@" in rest
+    rest = rest.rpartition("@")[2]
+    authority, path = _split_at(rest, "/?#")
+    path, query = _split_at(path, "?#")
+    host, colon, port = authority.rpartition(":") if _has_port(authority) else (authority, "", "")
+    if colon and not port.isdigit():  # a secret there may run on past a "/" as well
+        port, path, query = "***", "", ""
+    query = query[:1] + "***" if query else ""
+    redacted = f"{'***@' if at else ''}{host}{colon}{port}{path}{query}"
+    return f"{scheme}://{redacted}" if scheme else redacted
+
+
+def _split_at(text: str, delimiters: str) -> tuple[str, str]:
+    """``text`` cut before the first of ``delimiters`` (the second part empty if none)."""
+    cut = min((i for i in map(text.find, delimiters) if i >= 0), default=len(text))
+    return text[:cut], text[cut:]
+
+
+def _has_port(authority: str) -> bool:
+    """Whether ``authority`` ends in ``:port`` (an IPv6 literal's colons are in brackets)."""
+    return ":" in authority.rpartition("]")[2]
 
 
 def configured_endpoint(explicit: str | None, environ: Mapping[str, str]) -> str | None:
@@ -70,8 +99,8 @@ def canonical_endpoint(url: str) -> str:
 
     Scheme and host lowercased, a host's trailing dot dropped, ``localhost`` spelled
     ``127.0.0.1``, IP literals in ``ipaddress``'s compressed form (IPv6 in brackets), the
-    default port made explicit, trailing slashes of the path dropped, query and fragment
-    dropped. DNS names are not resolved. A URL with userinfo raises ``ConfigError``.
+    default port made explicit, trailing slashes of the path dropped. DNS names are not
+    resolved. A URL ``check_endpoint`` refuses raises ``ConfigError``.
     """
     return _canonical(check_endpoint(url), "endpoint")
 
@@ -102,12 +131,16 @@ def _canonical(url: str, label: str) -> str:
         parts = urlsplit(url.strip())
         port = parts.port
     except ValueError:
-        raise ConfigError(f"{label} has an invalid host or port: {url!r}") from None
+        parts = None  # raised below, outside this block: the ValueError repeats the port
+    if parts is None:
+        raise ConfigError(f"{label} has an invalid host or port: {redact_endpoint(url)!r}")
     if parts.scheme not in _DEFAULT_PORTS:
-        raise ConfigError(f"{label} must start with http:// or https://, got {url!r}")
+        raise ConfigError(
+            f"{label} must start with http:// or https://, got {redact_endpoint(url)!r}"
+        )
     host = (parts.hostname or "").removesuffix(".")
     if not host:
-        raise ConfigError(f"{label} has no host: {url!r}")
+        raise ConfigError(f"{label} has no host: {redact_endpoint(url)!r}")
     if host in _LOOPBACK_NAMES:
         host = "127.0.0.1"
     else:

@@ -70,6 +70,9 @@ class MemoryStore(SendsParts):
         with self._lock:
             return dict(self._counts)
 
+    def error_counts(self) -> dict[str, int]:
+        return {}  # an in-memory store does not fail
+
     def _bucket(self, bucket: str) -> dict[str, _Object]:
         try:
             return self._buckets[bucket]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import botocore.exceptions
@@ -88,8 +89,38 @@ def translate_transport_error(exc: Exception, op: str, bucket: str, key: str) ->
     if isinstance(exc, (RetryableError, TierCacheError)):
         return exc
     if isinstance(exc, _TRANSPORT) or _is_urllib3_failure(exc):
-        return RetryableError(f"{op} s3://{bucket}/{key}: {type(exc).__name__}: {exc}")
+        return RetryableError(
+            f"{op} s3://{bucket}/{key}: {transport_cause(exc)} ({type(exc).__name__}: {exc})"
+        )
     return StoreError(f"{op} s3://{bucket}/{key}: {type(exc).__name__}: {exc}")
+
+
+_CAUSES = (
+    (re.compile(r"read timeout=([\d.]+)"), "read timeout after {} s (the store did not answer)"),
+    (re.compile(r"connect timeout=([\d.]+)"), "connect timeout after {} s"),
+    (re.compile(r"Connection refused"), "connection refused"),
+    (re.compile(r"Connection reset"), "connection reset by the store"),
+    (re.compile(r"Name or service not known|nodename nor servname"), "unknown host name"),
+    (re.compile(r"No route to host|Network is unreachable"), "no route to the store"),
+)
+
+
+def transport_cause(exc: BaseException) -> str:
+    """What went wrong below HTTP, in a few words ("read timeout after 2 s", "connection
+    refused"): botocore's own message names only the URL."""
+    inner = getattr(exc, "kwargs", {}).get("error") or exc.__context__ or exc.__cause__
+    text = f"{exc} {inner if inner is not None else ''}"
+    for pattern, words in _CAUSES:
+        found = pattern.search(text)
+        if found:
+            return words.format(*found.groups())
+    if isinstance(exc, botocore.exceptions.ConnectionClosedError):
+        return "the store closed the connection before answering"
+    if isinstance(
+        exc, (botocore.exceptions.IncompleteReadError, botocore.exceptions.ResponseStreamingError)
+    ):
+        return "the answer was cut short"
+    return str(inner or exc) or type(exc).__name__
 
 
 def _is_urllib3_failure(exc: Exception) -> bool:

@@ -51,6 +51,20 @@ class S3Options:
 
     Unset values fall back to boto3's own chain (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
     ``AWS_PROFILE``, ``~/.aws/config`` …).
+
+    Attributes:
+        endpoint_url: URL of the S3 endpoint (``https://s3.example.com``), without
+            credentials in it; unset: boto3's (``AWS_ENDPOINT_URL``, else AWS).
+        key: access key id; given together with ``secret``.
+        secret: secret access key; never printed, logged or stored by tiercache.
+        token: session token of temporary credentials.
+        profile: a profile of ``~/.aws/config`` and ``~/.aws/credentials`` to take the
+            credentials (and region) from.
+        region: the store's region (Ceph RGW and some other stores want one set).
+        addressing_style: ``auto``, ``path`` (``endpoint/bucket/key``, what most stores
+            other than AWS want) or ``virtual`` (``bucket.endpoint/key``).
+        anon: send requests unsigned (public buckets).
+        verify: TLS verification: False to turn it off, or the path of a CA bundle.
     """
 
     endpoint_url: str | None = None

@@ -41,7 +41,7 @@ _PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "htt
 _ASK_BOTO3 = {301, 307, 400}
 # A signature the server does not accept: wrong here, or wrong for boto3 as well (a bad
 # secret), which boto3's own request then reports.
-_ASK_BOTO3_CODES = {"SignatureDoesNotMatch", "AuthorizationHeaderMalformed", "AccessDenied"}
+_ASK_BOTO3_CODES = {"SignatureDoesNotMatch", "AuthorizationHeaderMalformed"}
 
 
 class StoreRefusedError(Exception):

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import errno
 import os
 import sys
 from typing import Any
 
+from tiercache.errors import NO_SPACE_ERRNOS
+
 _FALLOC_FL_KEEP_SIZE = 1  # the size grows as bytes are written, as without preallocation
-_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 def _load_fallocate() -> Any:
@@ -47,6 +47,6 @@ def preallocate(fd: int, size: int) -> bool:
     if _fallocate(fd, _FALLOC_FL_KEEP_SIZE, 0, size) == 0:
         return True
     code = ctypes.get_errno()
-    if code in _NO_SPACE:
+    if code in NO_SPACE_ERRNOS:
         raise OSError(code, os.strerror(code))
     return False

@@ -13,11 +13,12 @@ import logging
 import threading
 import time
 import weakref
+from contextlib import ExitStack
 from typing import Any
 
 from tiercache import forksafe
 from tiercache.config import TierCacheConfig
-from tiercache.errors import CacheTimeoutError, TierFullError, UploadFailedError
+from tiercache.errors import CacheTimeoutError, UploadFailedError, tier_full
 from tiercache.stats import Stats
 from tiercache.store.endpoint import canonical_namespace
 from tiercache.write.reconcile import reconcile_journal
@@ -62,9 +63,10 @@ class WriteBehind:
         try:
             tier.reserve(staged.size)
         except OSError as exc:
-            if isinstance(exc, TierFullError):
+            full = tier_full(exc, f"cannot make room for {staged.key}: {exc}")
+            if full is exc:
                 raise
-            raise TierFullError(exc.errno, f"cannot make room for {staged.key}: {exc}") from exc
+            raise full from exc
         try:
             record = self._state.commit(staged, self._namespace)
         finally:
@@ -75,7 +77,15 @@ class WriteBehind:
         if staged.stream is not None:
             self._uploader.adopt_stream(record, staged.stream)
         self._uploader.submit(staged.entry_id)
-        return {"name": f"{staged.bucket}/{staged.key}", "size": staged.size, "type": "file"}
+        # ``generation`` orders this write among the object's commits on this host: the one
+        # with the highest is what the store ends with (the close() that returned last may not
+        # be: it may have committed first and returned later).
+        return {
+            "name": f"{staged.bucket}/{staged.key}",
+            "size": staged.size,
+            "type": "file",
+            "generation": record.generation,
+        }
 
     def _wait_for_room(self, staged: StagedObject) -> None:
         """Back-pressure: block (never fail) while too many bytes wait for upload.
@@ -87,17 +97,21 @@ class WriteBehind:
         budget = self._config.dirty_budget
         fresh = False
         waited = False
-        while True:
-            dirty = self._dirty_bytes(staged.entry_id, fresh)
-            if dirty == 0 or dirty + staged.size <= budget:
-                break
-            if fresh and not waited:
-                self._stats.add("writes_throttled")
-                self._uploader.start()
-                waited = True
-            if fresh:
-                time.sleep(_POLL)
-            fresh = True
+        with ExitStack() as waiting:
+            while True:
+                dirty = self._dirty_bytes(staged.entry_id, fresh)
+                if dirty == 0 or dirty + staged.size <= budget:
+                    break
+                if fresh and not waited:
+                    self._stats.add("writes_throttled")
+                    self._uploader.start()
+                    waited = True
+                    # Blocked here, this close() no longer writes: uploads must not wait
+                    # for it to end (they are what it waits for).
+                    waiting.enter_context(self._uploader.throttled())
+                if fresh:
+                    time.sleep(_POLL)
+                fresh = True
         with self._lock:
             self._dirty_seen[1][staged.entry_id] = staged.size
 
@@ -146,7 +160,13 @@ class WriteBehind:
         retries what the background uploader gave up on.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        reconcile_journal(self._state)  # torn records, missing bytes
+        # Once per process, what the journal alone does not show (a dirty entry whose record
+        # is gone); then, at every flush, torn records and missing bytes.
+        if not self._uploader.wait_reconciled(timeout):
+            raise CacheTimeoutError(
+                f"the reconciliation of the tier with its journal still ran after {timeout} s"
+            )
+        reconcile_journal(self._state)
         if retry_failed:
             for record in self.pending(prefix):
                 if record.state == "failed":
@@ -154,14 +174,14 @@ class WriteBehind:
         self._uploader.retry_now([r.entry_id for r in self.pending(prefix) if r.state == "dirty"])
         finished = self._uploader.wait_finished(-1, 0)
         while True:
-            remaining = self.pending(prefix)
+            remaining = self._owed(prefix)
             dirty = [r for r in remaining if r.state == "dirty"]
             if not dirty:
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 raise CacheTimeoutError(
                     f"{len(dirty)} object(s) still pending after {timeout} s, e.g. "
-                    f"{dirty[0].source}: {self._uploader.last_error(dirty[0].entry_id)[1]}"
+                    f"{dirty[0].source}: {self._uploader.waiting_for(dirty[0].entry_id)}"
                 )
             # Woken as soon as an upload of this process ends; others' are seen by polling.
             finished = self._uploader.wait_finished(finished, _POLL)
@@ -170,11 +190,18 @@ class WriteBehind:
             details = "; ".join(f"{r.name} ({r.state}: {r.error})" for r in remaining[:5])
             raise UploadFailedError(
                 f"{len(remaining)} object(s) under {prefix or 'the tier'} will not reach the "
-                f"store without your action: {details}; fix the cause and flush with "
-                "retry_failed=True (`tiercache flush --retry-failed`), or drop them with "
-                "fs.discard(path) (`tiercache discard PATH`)",
+                f"store without your action: {details}; {_what_to_do(remaining)}",
                 names,
             )
+
+    def _owed(self, prefix: str) -> list[Record]:
+        """What a flush of ``prefix`` answers for: the records under it, and those whose
+        object is unknown (a torn record with no entry to rebuild it from), which may be."""
+        return [
+            r
+            for r in self._state.records()
+            if self.is_ours(r) and (not r.bucket or _under(r, prefix))
+        ]
 
     def discard(self, prefix: str) -> list[Record]:
         """Drop what is pending, failed or lost under ``prefix`` without uploading it."""
@@ -202,6 +229,22 @@ class WriteBehind:
             if not remaining or time.monotonic() >= deadline:
                 return len(remaining)
             time.sleep(_POLL)
+
+
+def _what_to_do(remaining: list[Record]) -> str:
+    """The actions that help the records a flush could not upload (and only those)."""
+    actions = []
+    if any(r.state == "failed" for r in remaining):
+        actions.append(
+            "the store refused the failed ones: fix the cause and flush with retry_failed=True "
+            "(`tiercache flush --retry-failed`), or drop them"
+        )
+    if any(r.state == "lost" for r in remaining):
+        actions.append(
+            "the bytes of the lost ones are gone from the tier and its journal (`tiercache "
+            "fsck` restores any it still finds): retrying cannot upload them; drop them"
+        )
+    return "; ".join(actions) + " with fs.discard(path) (`tiercache discard PATH`)"
 
 
 def _under(record: Record, path: str) -> bool:

@@ -29,7 +29,7 @@ from tiercache.store.base import ObjectStore
 from tiercache.tiers.entry import read_meta, read_small_file
 from tiercache.tiers.local import entry_files, remove_file
 from tiercache.write.staged import CLOSED_SUFFIX, StagedObject
-from tiercache.write.state import Record, WriteState, adopt_entry
+from tiercache.write.state import OvertakenError, Record, WriteState, adopt_entry, intact_entry
 from tiercache.write.streaming import SIDECAR_SUFFIX, abort_abandoned_upload
 
 log = logging.getLogger("tiercache.write")
@@ -41,15 +41,28 @@ class ReconcileReport:
     """What a reconciliation found and did."""
 
     repaired: list[str] = field(default_factory=list)
+    # Pending writes whose tier entry was damaged or gone: published again from the
+    # journal's copy of their bytes (or, if that was damaged too, in ``lost``).
+    damaged: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
     corrupt_evicted: list[str] = field(default_factory=list)
     entries_checked: int = 0
     leftovers_removed: int = 0
     multipart_aborted: int = 0
     closed_committed: int = 0  # staged files closed by a writer that then died
+    closed_overtaken: int = 0  # such files older than a version committed since: dropped
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def add(self, other: ReconcileReport) -> None:
+        """Count in what another reconciliation (this process's first) found and did."""
+        for name, value in dataclasses.asdict(other).items():
+            mine = getattr(self, name)
+            if isinstance(mine, list):
+                mine.extend(n for n in value if n not in mine)
+            else:
+                setattr(self, name, mine + value)
 
 
 def reconcile_journal(state: WriteState, report: ReconcileReport | None = None) -> ReconcileReport:
@@ -125,22 +138,39 @@ def _rebuild_torn(state: WriteState, entry_id: str, entry: Any, report: Reconcil
         written = os.stat(state.path(entry_id, "json")).st_mtime
     except OSError:
         written = time.time()
+    generation, size = _newest_bytes(state, entry_id)
+    kept = f"; its bytes are kept in {state.bytes_path(entry_id, generation)}" if size >= 0 else ""
     lost = Record(
         entry_id=entry_id,
         bucket="",
         key="",
         source="",
         namespace="",
-        size=0,
+        size=max(size, 0),
         digest="",
-        generation=0,
+        generation=generation,
         created_at=written,
         state="lost",
-        error="its journal record is unreadable and the tier holds no pending copy",
+        error="its journal record is unreadable and the tier holds no pending copy" + kept,
     )
     state.write_recovered(lost)
     log.error("a pending write is lost: %s (%s)", lost.name, lost.error)
     report.lost.append(lost.name)
+
+
+def _newest_bytes(state: WriteState, entry_id: str) -> tuple[int, int]:
+    """The newest generation whose bytes the journal holds for ``entry_id``, and their size
+    ((0, -1) if none): a LOST record that names them keeps them from removal as leftovers."""
+    found = (0, -1)
+    for name in os.listdir(state.dir):
+        generation, _, suffix = name[65:].partition(".")
+        if name[:64] == entry_id and suffix == "bytes" and generation.isdigit():
+            try:
+                size = os.stat(os.path.join(state.dir, name)).st_size
+            except OSError:
+                continue
+            found = max(found, (int(generation), size))
+    return found
 
 
 def _report(record: Record | None, report: ReconcileReport) -> None:
@@ -155,10 +185,61 @@ def reconcile(
     """Everything ``reconcile_journal`` does, plus dirty entries without a record, leftovers
     of dead processes and, with ``scrub``, a digest check of every whole entry."""
     report = reconcile_journal(state)
+    for entry_id in state.record_ids():
+        _check_pending_entry(state, entry_id, scrub, report)
     for entry_id in _entry_ids(state):
         _check_entry(state, entry_id, scrub, report)
     _remove_leftovers(state, store, report)
     return report
+
+
+def _check_pending_entry(
+    state: WriteState, entry_id: str, scrub: bool, report: ReconcileReport
+) -> None:
+    """The tier entry of a pending write: its metadata must name exactly the recorded version
+    and its data have the recorded size (with ``scrub``, the recorded digest). One that does
+    not is published again from the journal's copy of the bytes; if that copy is damaged too,
+    the write is reported lost. A LOST record whose journal copy is intact (its tier entry was
+    damaged) is pending again."""
+    with state.tier.entry_lock(entry_id, state.lock_timeout) as paths:
+        record = state.get(entry_id)
+        if record is None or not record.bucket:
+            return  # uploaded meanwhile, or torn (``reconcile_journal`` reported it)
+        meta = read_meta(paths.meta)
+        if meta is not None and (
+            meta.generation > record.generation
+            or (meta.state == "clean" and meta.generation == record.generation)
+        ):
+            return  # a newer commit's entry, or uploaded and about to lose its record
+        entry = intact_entry(paths, record)
+        if entry is not None and scrub:
+            report.entries_checked += 1
+            try:
+                sound = xxh3_file(paths.data) == (record.size, record.digest)
+            except OSError:
+                sound = False
+            entry = entry if sound else None
+        if entry is not None and record.state != "lost":
+            return
+        if not state.journal_copy_intact(record):
+            if record.state != "lost":
+                lost = dataclasses.replace(
+                    record,
+                    state="lost",
+                    error="its bytes in the tier and their journal copy are damaged or gone",
+                )
+                state.write_recovered(lost)
+                log.error("pending write of %s is lost: %s", lost.name, lost.error)
+                report.lost.append(lost.name)
+            return
+        if entry is None:
+            state.republish(paths, record)
+            log.warning("restored the damaged tier entry of %s from its journal copy", record.name)
+            report.damaged.append(record.name)
+        if record.state == "lost":
+            state.write_recovered(dataclasses.replace(record, state="dirty", error=""))
+            log.warning("pending write of %s is no longer lost: its bytes are intact", record.name)
+            report.repaired.append(record.name)
 
 
 def _entry_ids(state: WriteState) -> list[str]:
@@ -187,8 +268,8 @@ def _check_entry(state: WriteState, entry_id: str, scrub: bool, report: Reconcil
         if meta.state == "dirty" and not has_record_file:
             _report(adopt_entry(state, paths, meta), report)
             return
-        if not scrub:
-            return
+        if not scrub or (meta.state == "dirty" and record is not None):
+            return  # a pending write's entry: checked against its record above
         report.entries_checked += 1
         try:
             intact = xxh3_file(paths.data) == (meta.size, meta.digest)
@@ -242,6 +323,10 @@ def _remove_leftovers(
             by_entry.setdefault(name[:64], []).append(name[65:])
     for entry_id, suffixes in by_entry.items():
         record = state.get(entry_id)
+        if record is None and os.path.exists(state.path(entry_id, "json")):
+            # Unreadable (torn): its bytes may be all that is left of the write, and another
+            # pass may be rebuilding the record from them right now.
+            continue
         live = {f"{record.generation}.bytes", "upload"} if record is not None else set()
         if set(suffixes) <= live:
             continue  # a pending object's own files: nothing to clean, leave its claim alone
@@ -276,6 +361,8 @@ def _clean_entry_files(
             state.clear_multipart(entry_id)
     with state.tier.entry_lock(entry_id, state.lock_timeout):
         record = state.get(entry_id)
+        if record is None and os.path.exists(state.path(entry_id, "json")):
+            return  # unreadable: see above
         live = f"{record.generation}.bytes" if record is not None else None
         for suffix in suffixes:
             # Under the entry lock no commit is running: its temp files are a dead one's.
@@ -313,13 +400,20 @@ def _commit_closed(state: WriteState, path: str, report: ReconcileReport) -> Non
         staged = StagedObject(
             row["bucket"], row["key"], row["source"], row["entry_id"], path, fd, size, digest
         )
-        state.commit(staged, row["namespace"])
-    except (OSError, KeyError, TypeError) as exc:
+        # Ordered where its writer acknowledged it (a mark without the instant: its last
+        # write), so that a write committed since is never overtaken by this older one.
+        acknowledged = row.get("acknowledged_ns") or os.fstat(fd).st_mtime_ns
+        state.commit(staged, row["namespace"], acknowledged_ns=int(acknowledged))
+    except OvertakenError as exc:
+        log.info("not committing %s, closed before its writer died: %s", path, exc)
+        report.closed_overtaken += 1
+    except (OSError, KeyError, TypeError, ValueError) as exc:
         log.warning("could not commit %s, closed before its writer died: %s", path, exc)
         return
+    else:
+        report.closed_committed += 1
     finally:
         os.close(fd)
-    report.closed_committed += 1
     remove_file(mark)
     remove_file(path)
 

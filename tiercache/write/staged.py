@@ -9,11 +9,11 @@ writers from those a killed writer left behind.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import io
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -22,7 +22,7 @@ from typing import Any
 import xxhash
 
 from tiercache.digest import hash_beside, xxh3_file
-from tiercache.errors import TierFullError
+from tiercache.errors import tier_full
 from tiercache.tiers.entry import install, prepare_file
 from tiercache.tiers.local import LocalTier, fsync_dir, remove_file
 from tiercache.write.streaming import PartStreamer
@@ -167,18 +167,21 @@ class StagedWriteFile(io.RawIOBase):
     def mark_closed(self, namespace: str) -> None:
         """The writer closed its file but may write on (a mount: another descriptor of it is
         still open): should this process die before ``close()``, ``reconcile`` commits the
-        staged bytes as they are rather than dropping them. Fsyncs them first."""
+        staged bytes as they are rather than dropping them. Fsyncs them first.
+
+        The mark holds the instant of this acknowledgement (rewritten at each one): the
+        recovered write is ordered there, so that it never overtakes a write committed
+        after it (``WriteState.commit``)."""
         self._checkClosed()
         os.fsync(self._fd)
         mark = self._staged + CLOSED_SUFFIX
-        if os.path.exists(mark):
-            return
         row = {
             "bucket": self._bucket,
             "key": self._key,
             "source": self._source,
             "entry_id": self._entry_id,
             "namespace": namespace,
+            "acknowledged_ns": time.time_ns(),
         }
         install(prepare_file(mark, json.dumps(row).encode(), self._file_mode), mark)
         fsync_dir(os.path.dirname(mark))
@@ -212,11 +215,9 @@ class StagedWriteFile(io.RawIOBase):
 
 
 def _tier_full(exc: OSError, path: str, written: int, staged: str) -> OSError:
-    """ENOSPC/EDQUOT as the documented ``TierFullError``; other errors unchanged."""
-    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-        return exc
-    return TierFullError(
-        exc.errno,
+    """No space or quota as the documented ``TierFullError``; other errors unchanged."""
+    return tier_full(
+        exc,
         f"no space left in the local tier while writing {path} ({written} bytes written); "
         "nothing of it will be uploaded",
         staged,

@@ -29,12 +29,12 @@ FAILED and LOST records stay until the user retries or discards them.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import logging
 import os
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -42,9 +42,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tiercache.digest import xxh3_file
-from tiercache.errors import TierFullError
+from tiercache.errors import CacheCorruptError, is_no_space, tier_full
 from tiercache.store.base import ObjectInfo
 from tiercache.tiers.entry import (
+    CachedEntry,
     EntryMeta,
     EntryPaths,
     install,
@@ -109,6 +110,10 @@ class Record:
         return record if valid else None
 
 
+class OvertakenError(Exception):
+    """A recovered write is older than the version its object already holds: not committed."""
+
+
 @dataclass(frozen=True)
 class StoreWrite:
     """A direct change of one object in the store, made while holding its upload claim."""
@@ -164,15 +169,25 @@ class WriteState:
 
     # -- DIRTY: a new generation -------------------------------------------------------------
 
-    def commit(self, staged: StagedObject, namespace: str) -> Record:
+    def commit(
+        self, staged: StagedObject, namespace: str, acknowledged_ns: int | None = None
+    ) -> Record:
         """Make ``staged`` the object's newest version: its own bytes, the dirty cache entry
         and the record, all durable, under the entry lock. The previous generation is
-        superseded only once the new record is durable; on any failure it stays as it was."""
+        superseded only once the new record is durable; on any failure it stays as it was.
+
+        A write recovered from a dead writer is ordered where its writer acknowledged it
+        (``acknowledged_ns``, a ``time.time_ns()``), not when it is recovered: ``OvertakenError``
+        is raised, and nothing changed, when a version committed after that is recorded or
+        cached already."""
         with self.tier.entry_lock(staged.entry_id, self.lock_timeout) as paths:
             previous = self.get(staged.entry_id)
             entry = read_meta(paths.meta)
+            newest = max(previous.generation if previous else 0, entry.generation if entry else 0)
+            if acknowledged_ns is not None and newest >= acknowledged_ns:
+                raise OvertakenError(f"{staged.source}: a newer version was committed since")
             generation = max(
-                time.time_ns(),
+                time.time_ns() if acknowledged_ns is None else acknowledged_ns,
                 previous.generation + 1 if previous else 0,
                 entry.generation + 1 if entry else 0,
             )
@@ -208,9 +223,9 @@ class WriteState:
                     self._put_back(staged.entry_id, previous)
                 remove_file(own_bytes)
                 self._restore(paths, previous, generation)
-                if isinstance(exc, OSError) and _is_full(exc):
-                    raise TierFullError(
-                        exc.errno,
+                if isinstance(exc, OSError) and is_no_space(exc):
+                    raise tier_full(
+                        exc,
                         f"no space left in the local tier to commit {record.name}; "
                         "nothing of this write will be uploaded",
                         self.tier.root,
@@ -247,15 +262,84 @@ class WriteState:
         except OSError as exc:
             log.warning("could not put back the record of %s: %s", previous, exc)
 
-    def _publish_generation(self, paths: EntryPaths, record: Record) -> None:
+    def _publish_generation(self, paths: EntryPaths, record: Record) -> CachedEntry:
         """Publish a record's own bytes as its dirty entry (hold the entry lock)."""
         remove_file(paths.part)
         _link_or_copy(self.bytes_path(record.entry_id, record.generation), paths.part)
         fd = os.open(paths.part, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            self.tier.publish(paths, fd, _dirty_meta(record), durable=True)
+            return self.tier.publish(paths, fd, _dirty_meta(record), durable=True)
         finally:
             os.close(fd)
+
+    # -- a damaged entry of a pending write ---------------------------------------------------
+
+    def pending_entry(self, entry_id: str, source: str) -> CachedEntry | None:
+        """The dirty entry of the write the journal holds for this object, published again
+        from the journal's own copy of its bytes when the tier's entry is damaged or gone;
+        None when no write of it is pending.
+
+        A reader that found no usable entry asks here before it goes to the store: while a
+        newer write is pending, the store's older version must never be served nor cached
+        over it. Raises ``CacheCorruptError`` when the pending bytes cannot be recovered.
+        """
+        record_path = self.path(entry_id, "json")
+        if not os.path.exists(record_path):
+            return None  # the usual miss: one stat
+        with self.tier.entry_lock(entry_id, self.lock_timeout) as paths:
+            record = self.get(entry_id)
+            if record is None:
+                if not os.path.exists(record_path):
+                    return None  # uploaded or discarded meanwhile
+                raise CacheCorruptError(
+                    f"{source}: a write of it is pending, but its journal record is unreadable "
+                    "and the tier's copy is damaged; it is not replaced by the store's older "
+                    "version: `tiercache fsck` reports it, `tiercache discard` drops it"
+                )
+            if record.state == "lost":
+                raise CacheCorruptError(
+                    f"{source}: a write of it is pending but lost ({record.error}); it is not "
+                    "replaced by the store's older version until it is discarded "
+                    "(`tiercache discard`)"
+                )
+            entry = intact_entry(paths, record)
+            if entry is None:
+                entry = self._restore_for_reader(paths, record)
+            return entry
+
+    def journal_copy_intact(self, record: Record) -> bool:
+        """Whether the journal's own copy of ``record``'s bytes matches its digest."""
+        try:
+            own = self.bytes_path(record.entry_id, record.generation)
+            return xxh3_file(own) == (record.size, record.digest)
+        except OSError:
+            return False
+
+    def republish(self, paths: EntryPaths, record: Record) -> CachedEntry:
+        """Publish ``record``'s journal copy as its dirty entry, replacing whatever the tier
+        holds there (hold the entry lock; check the copy first)."""
+        for path in entry_files(paths):
+            remove_file(path)
+        return self._publish_generation(paths, record)
+
+    def _restore_for_reader(self, paths: EntryPaths, record: Record) -> CachedEntry:
+        """Publish ``record``'s journal bytes as its entry again, after checking them against
+        the recorded digest (hold the entry lock)."""
+        if not self.journal_copy_intact(record):
+            raise CacheCorruptError(
+                f"{record.source}: the tier's copy of a write not yet uploaded is damaged and "
+                "its journal copy is gone or no longer matches its digest; it is not replaced "
+                "by the store's older version: `tiercache fsck` reports it lost"
+            )
+        try:
+            entry = self.republish(paths, record)
+        except OSError as exc:
+            raise CacheCorruptError(
+                f"{record.source}: the tier's copy of a write not yet uploaded is damaged and "
+                f"could not be restored from its journal copy: {exc}"
+            ) from exc
+        log.warning("restored the damaged tier entry of %s from its journal copy", record.name)
+        return entry
 
     # -- CLEAN, FAILED, LOST -----------------------------------------------------------------
 
@@ -276,7 +360,18 @@ class WriteState:
                     validated_at=now,
                     last_modified=info.last_modified or now,
                 )
-                write_atomically(paths.meta, clean.to_json(), self._mode, durable=False)
+                try:
+                    write_atomically(paths.meta, clean.to_json(), self._mode, durable=False)
+                except OSError as exc:
+                    if not is_no_space(exc):
+                        raise
+                    # No room to mark it clean: the store holds these bytes, so the entry
+                    # goes (a reader fetches it again) rather than stay dirty, to be resent.
+                    for path in entry_files(paths):
+                        remove_file(path)
+                    log.warning(
+                        "%s is in the store; no room to keep it cached: %s", record.name, exc
+                    )
             elif entry is not None and entry.generation < record.generation:
                 for path in entry_files(paths):  # older bytes than the store's: drop them
                     remove_file(path)
@@ -445,6 +540,26 @@ def adopt_entry(state: WriteState, paths: EntryPaths, entry: EntryMeta) -> Recor
     return record
 
 
+def intact_entry(paths: EntryPaths, record: Record) -> CachedEntry | None:
+    """The tier's entry of ``record`` if its metadata names exactly that pending generation and
+    its data file has the recorded size (its bytes are checked when read, per ``verify``)."""
+    meta = read_meta(paths.meta)
+    if (
+        meta is None
+        or meta.state != "dirty"
+        or meta.generation != record.generation
+        or meta.source != record.source
+    ):
+        return None
+    try:
+        st = os.stat(paths.data, follow_symlinks=False)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_size != meta.size:
+        return None
+    return CachedEntry(os.path.basename(paths.data)[:64], paths, meta)
+
+
 def _dirty_meta(record: Record) -> EntryMeta:
     """The cache entry that serves a pending version's bytes until it is uploaded."""
     return EntryMeta(
@@ -475,10 +590,6 @@ def _link_or_copy(src: str, dst: str) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-
-
-def _is_full(exc: OSError) -> bool:
-    return exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def _is_entry_id(value: Any) -> bool:

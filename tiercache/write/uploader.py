@@ -17,7 +17,8 @@ import os
 import posixpath
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
@@ -37,7 +38,7 @@ from tiercache.store.base import ObjectInfo, ObjectStore
 from tiercache.store.endpoint import canonical_namespace
 from tiercache.store.retry import RetryPolicy
 from tiercache.tiers.local import remove_file
-from tiercache.write.reconcile import reconcile
+from tiercache.write.reconcile import ReconcileReport, reconcile
 from tiercache.write.state import Record, WriteState
 from tiercache.write.streaming import BytesChangedError, PartStreamer
 
@@ -111,11 +112,18 @@ class Uploader:
         self._attempts: dict[str, _Attempts] = {}
         self._forced: set[str] = set()
         self._active: set[str] = set()  # taken by a worker, not finished
+        self._began: dict[str, float] = {}  # uploads holding their claim: since when
         self._deferred: set[str] = set()  # commit markers waiting for their directory
         self._writers = 0
+        self._throttled = 0  # close() calls waiting for room: they wait for these uploads
         self._last_write = 0.0
         self._finished = 0  # uploads this process ended (landed, failed or given back)
         self._started = False
+        self._reconciled = threading.Event()  # the scan's reconciliation of the tier ran
+        self._first_report: ReconcileReport | None = None  # what it found, until taken
+        # Generations in the store whose landing could not be recorded in the tier (a full
+        # disk), by entry id: recorded again later, never sent again.
+        self._unrecorded: dict[str, tuple[int, ObjectInfo]] = {}
         # Uploads begun while their file was written, by entry id: (generation, streamer).
         self._streams: dict[str, tuple[int, PartStreamer]] = {}
 
@@ -141,6 +149,20 @@ class Uploader:
         for i in range(self._config.upload_workers):
             threading.Thread(target=self._work, name=f"tiercache-upload-{i}", daemon=True).start()
         threading.Thread(target=self._scan, name="tiercache-upload-scan", daemon=True).start()
+
+    def wait_reconciled(self, timeout: float | None) -> bool:
+        """Start the uploads, and wait until this process's reconciliation of the tier (dirty
+        entries without a record, damaged entries of pending writes: see ``reconcile``) has
+        run; False if ``timeout`` seconds passed first."""
+        self.start()
+        return self._reconciled.wait(timeout)
+
+    def take_first_report(self) -> ReconcileReport | None:
+        """What this process's first reconciliation found and did (once; ``tiercache fsck``
+        reports it with its own, which then finds that damage repaired already)."""
+        self.wait_reconciled(None)
+        report, self._first_report = self._first_report, None
+        return report
 
     def streamer(self, bucket: str, key: str) -> Callable[[str], PartStreamer]:
         """What a new staged file of ``bucket/key`` sends its parts with while written."""
@@ -212,6 +234,22 @@ class Uploader:
             release.daemon = True
             release.start()
 
+    @contextmanager
+    def throttled(self) -> Iterator[None]:
+        """A ``close()`` waits for room in the dirty budget meanwhile: uploads (and held
+        parts) go at once, as the waiting writer needs them to, instead of holding back for
+        it as for a writer still writing."""
+        with self._cond:
+            self._throttled += 1
+            self._cond.notify_all()
+        if self._hold_parts:
+            self._store.hold_parts(None)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._throttled -= 1
+
     def _release_parts_if_quiet(self) -> None:
         with self._cond:
             quiet = time.monotonic() - self._last_write >= _QUIET_AFTER_WRITES * 0.9
@@ -221,13 +259,16 @@ class Uploader:
     def _wait_for_quiet(self, entry_id: str) -> None:
         """Hold an upload back while this process writes (called with the condition held).
 
-        A flush cuts the wait short: it asked for these uploads now.
+        A flush cuts the wait short: it asked for these uploads now; so does a ``close()``
+        blocked on back-pressure (``throttled``): it waits for them.
         """
         if entry_id in self._streams and not self._hold_parts:
             return  # its parts went while it was written: only the tail is left
         give_up = time.monotonic() + _DEFER_WHILE_WRITING
         while (now := time.monotonic()) < give_up:
             if entry_id in self._forced or any(e in self._forced for e in self._queue):
+                return
+            if self._throttled:  # a close() waits for room that only uploads make
                 return
             if self._writers == 0 and now - self._last_write >= _QUIET_AFTER_WRITES:
                 return
@@ -245,6 +286,24 @@ class Uploader:
         with self._cond:
             attempts = self._attempts.get(entry_id, _Attempts())
             return attempts.count, attempts.last_error
+
+    def waiting_for(self, entry_id: str) -> str:
+        """What the upload of one object waits for, in words, for a message that must say
+        why it is not done: its last error, else the attempt under way or why none is."""
+        with self._cond:
+            attempts = self._attempts.get(entry_id, _Attempts())
+            began = self._began.get(entry_id)
+            queued = entry_id in self._queue or entry_id in self._active
+        if attempts.last_error:
+            return f"{attempts.last_error} (attempt {attempts.count})"
+        if began is not None:
+            return (
+                f"an upload attempt has had no answer from the store for "
+                f"{time.monotonic() - began:.1f} s"
+            )
+        if queued:
+            return "queued behind other uploads of this process"
+        return "uploaded by another process holding its claim, or waiting for its next retry"
 
     def retry_now(self, entry_ids: list[str]) -> None:
         """Forget backoff and deadlines for these objects and queue them (a flush asked)."""
@@ -268,11 +327,14 @@ class Uploader:
     def _scan(self) -> None:
         """Pick up records this process did not write: crashed writers, earlier runs."""
         try:
-            reconcile(self._state, self._store)  # once per process: what crashes left
+            # Once per process: what crashes left.
+            self._first_report = reconcile(self._state, self._store)
         except FileNotFoundError:
             return
         except Exception as exc:  # a repair that fails must not stop the uploads
             log.warning("reconciling the journal failed: %s", exc)
+        finally:
+            self._reconciled.set()
         while True:
             now = time.time()
             try:
@@ -339,6 +401,8 @@ class Uploader:
                 again.daemon = True
                 again.start()
             return False
+        with self._cond:
+            self._began[entry_id] = time.monotonic()
         try:
             self._abort_dead_multipart(entry_id)
             record = self._state.get(entry_id)
@@ -352,7 +416,7 @@ class Uploader:
                 self._defer_or_fail_marker(record)
                 return True
             try:
-                info = self._upload_generation(record)
+                info = self._landed_before(record) or self._upload_generation(record)
             except _BytesLostError as exc:
                 self._state.lost(record, str(exc))
                 self._stats.add("uploads_lost")
@@ -366,6 +430,8 @@ class Uploader:
             self._landed(record, info)
             return True
         finally:
+            with self._cond:
+                self._began.pop(entry_id, None)
             self._state.release(entry_id, claim)
 
     def _abort_dead_multipart(self, entry_id: str) -> None:
@@ -480,15 +546,34 @@ class Uploader:
         self._stats.add("uploads_streamed" if info is not None else "streams_restarted")
         return info
 
+    def _landed_before(self, record: Record) -> ObjectInfo | None:
+        """What the store answered when this very generation landed, if recording that in
+        the tier failed: it is recorded now instead of being sent again."""
+        with self._cond:
+            landed = self._unrecorded.get(record.entry_id)
+        return landed[1] if landed is not None and landed[0] == record.generation else None
+
     def _landed(self, record: Record, info: ObjectInfo) -> None:
         if posixpath.basename(record.key) == self._config.commit_marker:
             # The marker is in the store: recorded before its journal record goes, so that a
             # flush that returns finds the checkpoint among the newest (retention keeps it).
             self._checkpoints.committed(record.bucket, posixpath.dirname(record.key))
-        if not self._state.uploaded(record, info):
+        with self._cond:  # counted once, when the store first had it
+            landed_before = self._unrecorded.get(record.entry_id, (None, None))[0]
+        if landed_before != record.generation:
+            # Before the journal record goes: a flush that returns has it counted.
+            self._stats.add("uploads")
+            self._stats.add("bytes_uploaded", record.size)
+        try:
+            superseded = not self._state.uploaded(record, info)
+        except BaseException:
+            with self._cond:  # retried with backoff: recorded then, not uploaded again
+                self._unrecorded[record.entry_id] = (record.generation, info)
+            raise
+        with self._cond:
+            self._unrecorded.pop(record.entry_id, None)
+        if superseded:
             self.submit(record.entry_id)  # superseded meanwhile: the newer version goes next
         if self.on_landed is not None:
             self.on_landed(record.bucket, record.key)
-        self._stats.add("uploads")
-        self._stats.add("bytes_uploaded", record.size)
         self._requeue_deferred()

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mount_helpers import Cli, mount_entry, requires_fuse
+from support.mount_helpers import Cli, mount_entry, requires_fuse
 
 from tiercache import TierCacheFileSystem
 

@@ -1,7 +1,7 @@
 """The S3 servers tests talk to: the server under test (``S3Endpoint``) and a private one.
 
-Test modules import these types from here (``tests/faults`` is on the path of every test
-folder); ``from conftest import ...`` would find whichever folder's conftest came first.
+Test modules import these types from here (``from support.servers_under_test import ...``);
+``from conftest import ...`` would find whichever folder's conftest came first.
 """
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import s3server
-from s3server import S3Endpoint
+from support.s3server import S3Endpoint, s3server
 
 __all__ = ["OwnServer", "S3Endpoint"]
 

@@ -10,7 +10,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, BinaryIO, TypedDict
 from urllib.parse import urlsplit
 
-from remote_store import ConnectionServer
+from support.remote_store import ConnectionServer
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -1,0 +1,1 @@
+"""Node metrics: each process's counters published beside its tier, folded into node totals."""
