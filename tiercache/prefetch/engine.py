@@ -231,6 +231,9 @@ class PrefetchEngine:
         with self._cond:
             item = self._items.get(path)
             ready = item is not None and item.state == "pinned"
+            # Not in flight: done when it was queued (a warm object, see ``_ready_in_tier``)
+            # or never queued; the order tells which (``ReadAhead.opened``).
+            known: bool | None = ready if item is not None else None
             if item is not None:
                 if item.state == "queued":
                     self._drop(item, READ_FIRST)
@@ -248,17 +251,17 @@ class PrefetchEngine:
             self._settle_unused(*unused)
         if not ready and self.next_use.has_spared():
             self.next_use.used(self.entry_id(bucket, key), lambda: self._is_cached(bucket, key))
-        if order is not None and not ready:
-            order.opened(path, ready)  # the reader waits for this one: the next ones go now
+        if order is not None and known is False:
+            order.opened(path, False)  # the reader waits for this one: the next ones go now
         try:
             yield
         finally:
             if release is not None:
                 _close(release)
-        if order is not None and ready:
+        if order is not None and known is not False:
             # After the open: the work of queueing the next objects would otherwise take the
             # GIL from this open at each of its system calls (measured: 2-3x its time).
-            order.opened(path, ready)
+            order.opened(path, known)
         held = self._held
         if held is not None and held[0].cursor >= held[1]:  # the reader is past it: try again
             with self._cond:

@@ -13,10 +13,11 @@ Target = tuple[str, str, "int | None"]  # bucket, key, size if known
 
 class OrderListener(Protocol):
     """A read-ahead order, told when a reader opens one of its objects (``ready``: its bytes
-    were already in the tier, so the reader did not wait); it says what eviction may take to
-    bring one of them (``eviction_floor``) and where its reader is (``cursor``)."""
+    were already in the tier, so the reader did not wait; None: nothing was in flight for it,
+    see ``ReadAhead.opened``); it says what eviction may take to bring one of them
+    (``eviction_floor``) and where its reader is (``cursor``)."""
 
-    def opened(self, path: str, ready: bool) -> None: ...
+    def opened(self, path: str, ready: bool | None) -> None: ...
     def eviction_floor(self, path: str) -> Floor | None: ...
     @property
     def cursor(self) -> int: ...

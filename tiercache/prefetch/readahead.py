@@ -90,16 +90,21 @@ class ReadAhead:
         """The order, as ``bucket/key`` paths."""
         return list(self._paths)
 
-    def opened(self, path: str, ready: bool = True) -> None:
+    def opened(self, path: str, ready: bool | None = True) -> None:
         """A reader opened ``path``: queue the ``k`` objects after it (one more from now on
-        if it had to wait for this one, unless it is the first the reader opens)."""
+        if it had to wait for this one, unless it is the first the reader opens). ``ready``
+        None: nothing was in flight for it, because it was done when queued (found in the
+        tier) or because it was not queued yet: only the latter is a wait."""
         positions = self._positions.get(path)
         if not positions:
             return
         with self._lock:
             nth = bisect.bisect_right(positions, self._cursor)
             i = positions[min(nth, len(positions) - 1)]
-            waited = not ready and self._cursor >= 0
+            if ready is None:
+                waited = i >= self._scheduled and self._cursor >= 0
+            else:
+                waited = not ready and self._cursor >= 0
             self._cursor = max(self._cursor, i)
             cursor = self._cursor
         self._hint.advance(cursor)
@@ -114,11 +119,11 @@ class ReadAhead:
         with self._lock:
             k, scheduled = self.k, self._scheduled
         end = i + 1 + k
-        if scheduled < end:
-            # A quarter of the depth more at once: each submit costs its lock, lookups and
-            # hand-over, and the reader's next opens then queue nothing (a warm epoch spent
-            # a third of its time submitting one object per open).
-            self._schedule(i + 1, min(end + k // 4, len(self._order)))
+        if scheduled <= i + 1 or end - scheduled >= max(1, k // 4):
+            # Queued a quarter of the depth at a time (never deeper than ``k``): each submit
+            # costs its lock, lookups and hand-over, and a warm epoch spent a third of its
+            # time submitting one object per open.
+            self._schedule(i + 1, min(end, len(self._order)))
 
     def eviction_floor(self, path: str) -> Floor | None:
         """What eviction may take to bring ``path`` for its next read (see ``OrderHint``)."""
