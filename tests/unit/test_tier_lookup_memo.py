@@ -20,9 +20,7 @@ def _publish(tier: LocalTier, data: bytes, etag: str) -> str:
         fd = tier.create_part(paths)
         try:
             os.write(fd, data)
-            meta = EntryMeta.for_object(
-                ObjectInfo("b", "k", len(data), etag), SOURCE, NS, "0" * 16
-            )
+            meta = EntryMeta.for_object(ObjectInfo("b", "k", len(data), etag), SOURCE, NS, "0" * 16)
             tier.publish(paths, fd, meta)
         finally:
             os.close(fd)

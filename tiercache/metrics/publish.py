@@ -185,7 +185,15 @@ class Publisher:
         except OSError as exc:
             if not outlet.warned:
                 outlet.warned = True
-                log.warning("cannot publish metrics in %s: %s", outlet.directory, exc)
+                # A tier removed while a cache of it lived (a benchmark's, a test's): nothing
+                # to publish to, and nothing wrong to tell an operator.
+                gone = isinstance(exc, FileNotFoundError)
+                log.log(
+                    logging.DEBUG if gone else logging.WARNING,
+                    "cannot publish metrics in %s: %s",
+                    outlet.directory,
+                    exc,
+                )
 
     def _start(self, first_delay: float) -> None:
         thread = threading.Thread(
