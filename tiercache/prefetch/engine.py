@@ -126,8 +126,9 @@ class PrefetchEngine:
         budgets: Sequence[Budget] = (),
         local: bool = True,
         ready_done: bool = False,
-    ) -> None:
-        """Queue objects for ``handle``; the window (and any ``budgets``) bound them.
+    ) -> int:
+        """Queue objects for ``handle``; the window (and any ``budgets``) bound them. Returns
+        how many were done at once (``ready_done``).
 
         ``local=False`` fills the shared tier only. ``ready_done``: objects a reader may open
         as they are in the local tier are done at once (see ``_ready_in_tier``), looked up in
@@ -159,6 +160,7 @@ class PrefetchEngine:
                     heapq.heappush(self._heap, (*item.rank, next(self._seq), item))
             self._start_workers()
             self._work_ready.notify()
+        return len(ready)
 
     def _ready_in_tier(self, targets: Sequence[Target]) -> dict[str, int]:
         """Objects of ``targets`` whose local entry a reader may open as it is (fresh, or

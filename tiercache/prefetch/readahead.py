@@ -59,6 +59,10 @@ class ReadAhead:
         self._budgets = (Budget(window_bytes),) if window_bytes else ()
         self._lock = threading.Lock()
         self._scheduled = 0  # objects before this one are queued, done or passed by
+        # Objects queued beyond ``k`` while whole batches are found in the tier (a warm
+        # epoch): they take no worker and no room, and a submit per open or two cost a
+        # third of a warm epoch. Back to 0 as soon as one object of a batch must be fetched.
+        self._warm_ahead = 0
         self.handle = PrefetchHandle(engine.cancel, sealed=False)
         self._closed = False
         self._hint = engine.next_use.add([engine.entry_id(b, key) for b, key, _ in self._order])
@@ -118,7 +122,7 @@ class ReadAhead:
                 self._stats.add("readahead_deepened")
         with self._lock:
             k, scheduled = self.k, self._scheduled
-        end = i + 1 + k
+            end = i + 1 + k + self._warm_ahead
         if scheduled <= i + 1 or end - scheduled >= max(1, k // 4):
             # Queued a quarter of the depth at a time (never deeper than ``k``): each submit
             # costs its lock, lookups and hand-over, and a warm epoch spent a third of its
@@ -158,7 +162,7 @@ class ReadAhead:
                 return
             batch = self._order[start:end]
             self._scheduled = end
-        self._engine.submit(
+        ready = self._engine.submit(
             batch,
             self.handle,
             priority=self._priority,
@@ -166,8 +170,14 @@ class ReadAhead:
             budgets=self._budgets,
             ready_done=True,  # a warm epoch: no worker for what its reader may open as it is
         )
+        with self._lock:
+            warm = ready == len(batch)
+            self._warm_ahead = min(_WARM_AHEAD, max(8, 2 * self._warm_ahead)) if warm else 0
         if end == len(self._order):
             self.handle.seal()
+
+
+_WARM_AHEAD = 256
 
 
 def _split(path: str) -> tuple[str, str]:
