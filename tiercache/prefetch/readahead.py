@@ -122,11 +122,12 @@ class ReadAhead:
                 self._stats.add("readahead_deepened")
         with self._lock:
             k, scheduled = self.k, self._scheduled
-            end = i + 1 + k + self._warm_ahead
-        if scheduled <= i + 1 or end - scheduled >= max(1, k // 4):
-            # Queued a quarter of the depth at a time (never deeper than ``k``): each submit
-            # costs its lock, lookups and hand-over, and a warm epoch spent a third of its
-            # time submitting one object per open.
+            depth = k + self._warm_ahead
+            end = i + 1 + depth
+        if scheduled <= i + 1 or end - scheduled >= max(1, depth // 4):
+            # Queued a quarter of the depth at a time (deeper than ``k`` only while what is
+            # queued is found in the tier): each submit costs its lock, lookups and hand-over,
+            # and a warm epoch spent a third of its time submitting one object per open.
             self._schedule(i + 1, min(end, len(self._order)))
 
     def eviction_floor(self, path: str) -> Floor | None:
