@@ -126,15 +126,19 @@ class PrefetchEngine:
         budgets: Sequence[Budget] = (),
         local: bool = True,
         ready_done: bool = False,
-    ) -> int:
+        ready_only_after: int | None = None,
+    ) -> tuple[int, int]:
         """Queue objects for ``handle``; the window (and any ``budgets``) bound them. Returns
-        how many were done at once (``ready_done``).
+        how many were done at once (``ready_done``) and how many of ``targets`` were taken.
 
         ``local=False`` fills the shared tier only. ``ready_done``: objects a reader may open
         as they are in the local tier are done at once (see ``_ready_in_tier``), looked up in
-        the caller's thread: for a read-ahead order, which asks for a few at a time."""
+        the caller's thread: for a read-ahead order, which asks for a few at a time. With
+        ``ready_only_after`` n, the targets after the first n are taken only while they are
+        done at once: the first that is not ends the batch (it is not queued)."""
         all_budgets = (self.window, *budgets)
         ready = self._ready_in_tier(targets) if ready_done and pin and local else {}
+        taken = 0
         with self._cond:
             for bucket, key, size in targets:
                 path = f"{bucket}/{key}"
@@ -143,7 +147,11 @@ class PrefetchEngine:
                 if item is None and cached is not None:
                     handle.add(1, cached)
                     handle.finish(path, CACHED, cached)
+                    taken += 1
                     continue
+                if ready_only_after is not None and taken >= ready_only_after:
+                    break
+                taken += 1
                 handle.add(1, size or 0)
                 if item is not None and item.state == "pinned":
                     handle.finish(path, CACHED, item.size or 0)
@@ -160,7 +168,7 @@ class PrefetchEngine:
                     heapq.heappush(self._heap, (*item.rank, next(self._seq), item))
             self._start_workers()
             self._work_ready.notify()
-        return len(ready)
+        return len(ready), taken
 
     def _ready_in_tier(self, targets: Sequence[Target]) -> dict[str, int]:
         """Objects of ``targets`` whose local entry a reader may open as it is (fresh, or

@@ -128,7 +128,7 @@ class ReadAhead:
             # Queued a quarter of the depth at a time (deeper than ``k`` only while what is
             # queued is found in the tier): each submit costs its lock, lookups and hand-over,
             # and a warm epoch spent a third of its time submitting one object per open.
-            self._schedule(i + 1, min(end, len(self._order)))
+            self._schedule(i + 1, min(end, len(self._order)), beyond=i + 1 + k)
 
     def eviction_floor(self, path: str) -> Floor | None:
         """What eviction may take to bring ``path`` for its next read (see ``OrderHint``)."""
@@ -155,23 +155,27 @@ class ReadAhead:
         self._engine.unlisten(list(self._positions), self)
         self.handle.cancel()
 
-    def _schedule(self, start: int, end: int) -> None:
-        """Queue objects [start, end) not queued yet (those behind the reader never are)."""
+    def _schedule(self, start: int, end: int, beyond: int | None = None) -> None:
+        """Queue objects [start, end) not queued yet (those behind the reader never are);
+        from ``beyond`` on, only while they are found in the tier (see ``_warm_ahead``)."""
         with self._lock:
             start = max(start, self._scheduled)
             if self._closed or end <= start:
                 return
             batch = self._order[start:end]
             self._scheduled = end
-        ready = self._engine.submit(
+        ready, taken = self._engine.submit(
             batch,
             self.handle,
             priority=self._priority,
             pin=True,
             budgets=self._budgets,
             ready_done=True,  # a warm epoch: no worker for what its reader may open as it is
+            ready_only_after=None if beyond is None else max(0, beyond - start),
         )
         with self._lock:
+            if taken < len(batch) and self._scheduled == end:
+                self._scheduled = end = start + taken  # the rest when the reader is nearer
             warm = ready == len(batch)
             self._warm_ahead = min(_WARM_AHEAD, max(8, 2 * self._warm_ahead)) if warm else 0
         if end == len(self._order):
