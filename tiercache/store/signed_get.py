@@ -146,6 +146,9 @@ class SignedGet:
         if status in (200, 206):
             return reply.raw
         body = reply.raw.read(64 * 1024)
+        # What an error reply holds beyond that is read and dropped before the connection
+        # goes back to the pool: left unread, it would be taken for the next reply's start.
+        reply.raw.drain_conn()
         reply.raw.release_conn()
         error = _client_error(status, reply.headers, body)
         if status in _ASK_BOTO3 or error.response["Error"]["Code"] in _ASK_BOTO3_CODES:
