@@ -721,9 +721,6 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         report = chosen.evict(target, dry_run=dry_run)
         if not dry_run and tier == "local":
             self._meta.prune(everything=target == 0)
-        if not dry_run:
-            self._stats.add("evictions", len(report.removed))
-            self._stats.add("bytes_evicted", report.removed_bytes)
         return report
 
     def tier_named(self, name: str) -> LocalTier:

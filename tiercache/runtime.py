@@ -85,6 +85,7 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
     )
     shared = _shared_tier(config)
     stats = Stats()
+    tier.stats = stats
     write_state = WriteState(tier, config.lock_timeout)
     checkpoints = CheckpointRegistry(
         tier.root, config.keep_checkpoints, config.file_mode, config.dir_mode

@@ -75,9 +75,25 @@ def _cli(s3: S3Endpoint, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+_WRITER = """
+import json, os, signal, sys
+from tiercache import TierCacheFileSystem
+args = json.loads(sys.argv[1])
+fs = TierCacheFileSystem(skip_instance_cache=True, **args["options"])
+with fs.open(args["path"], "wb") as f:
+    f.write(args["data"].encode())
+bucket, key = args["path"].split("/", 1)
+entry = fs.read_path.cached(bucket, key)
+assert entry is not None and entry.meta.state == "dirty"
+print(json.dumps({"id": entry.entry_id, "data": entry.paths.data, "meta": entry.paths.meta,
+                  "root": fs.tier.root}), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # no uploader left to repair or upload behind the test
+"""
+
+
 class Pending:
-    """``bucket/x.bin``: OLD in the store, NEW written behind and held back (the proxy
-    refuses every PUT until ``release``)."""
+    """``bucket/x.bin``: OLD in the store, NEW written behind by a process killed once its
+    ``close()`` returned; the proxy refuses every PUT until ``release``."""
 
     def __init__(self, s3: S3Endpoint, s3_client: Any, bucket: str, proxy: FaultProxy, tier: Path):
         s3_client.put_object(Bucket=bucket, Key="x.bin", Body=OLD)
@@ -89,18 +105,23 @@ class Pending:
             "retries": 1,
         }
         proxy.fail_next(10**6, status=503, method="PUT")
-        fs = TierCacheFileSystem(skip_instance_cache=True, **self.options)
-        with fs.open(self.path, "wb") as f:
-            f.write(NEW)
-        entry = fs.read_path.cached(bucket, "x.bin")
-        assert entry is not None and entry.meta.state == "dirty"
-        self.entry = entry
-        self.journal = Path(fs.tier.root) / "journal"
-        self.record = self.journal / f"{entry.entry_id}.json"
-        (self.bytes,) = self.journal.glob(f"{entry.entry_id}.*.bytes")
+        args = {"options": self.options, "path": self.path, "data": NEW.decode()}
+        done = subprocess.run(
+            [sys.executable, "-c", _WRITER, json.dumps(args)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == -9, done.stdout + done.stderr
+        written = json.loads(done.stdout.splitlines()[-1])
+        self.data, self.meta = Path(written["data"]), Path(written["meta"])
+        self.journal = Path(written["root"]) / "journal"
+        self.record = self.journal / f"{written['id']}.json"
+        (self.bytes,) = self.journal.glob(f"{written['id']}.*.bytes")
 
     def damage(self, how: str) -> None:
-        data, meta = Path(self.entry.paths.data), Path(self.entry.paths.meta)
+        data, meta = self.data, self.meta
         if how == "garbled_meta":
             meta.write_bytes(b'{"source": "s3://' + os.urandom(16))
         elif how == "missing_meta":
@@ -175,7 +196,7 @@ def test_fsck_restores_a_damaged_pending_entry_and_says_so(
     done = _cli(s3, *fsck)
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"DAMAGED: {pending.path}" in done.stderr and "LOST" not in done.stderr
-    assert Path(pending.entry.paths.data).read_bytes() == NEW
+    assert pending.data.read_bytes() == NEW
     again = _cli(s3, *fsck)
     assert again.returncode == 0, again.stdout + again.stderr  # repaired: nothing left to say
     pending.release()

@@ -10,8 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tiercache import MemoryStore, TierCacheFileSystem
 from tiercache.store.memory import MemoryStream
 
@@ -79,11 +77,9 @@ def _until(check: Callable[[], bool], timeout: float = 20.0) -> None:
         time.sleep(0.005)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_three_shuffled_epochs_over_twice_the_budget_fetch_at_most_2_25x(
-    tmp_path: Path, seed: int
-) -> None:
-    # LRU fetched 2.45-2.75x the dataset here; MIN with this budget about 2.1x.
+def _three_shuffled_epochs(tmp_path: Path, seed: int) -> float:
+    """Three seeded shuffles of 24 objects through a tier that holds half of them; the
+    bytes fetched, in datasets."""
     store = MemoryStore(["b"])
     blobs = _put(store, [f"s{i:02d}" for i in range(24)])
     dataset = len(blobs) * SIZE
@@ -96,13 +92,24 @@ def test_three_shuffled_epochs_over_twice_the_budget_fetch_at_most_2_25x(
                 assert f.read() == blobs[path]
     fs.wait_fetches()
     stats = fs.stats()
-    assert stats["bytes_fetched"] <= 2.25 * dataset, stats["bytes_fetched"] / dataset
     assert stats["bytes_read"] == 3 * dataset
     assert stats["evictions_by_next_use"] > 0
     assert stats["bytes_evicted_by_next_use"] == stats["evictions_by_next_use"] * SIZE
+    assert stats["evictions"] >= stats["evictions_by_next_use"]  # every eviction counts
+    assert stats["bytes_evicted"] == stats["evictions"] * SIZE
     assert stats["bytes_kept_by_next_use"] == stats["kept_by_next_use"] * SIZE
     assert fs.tier.next_use is not None
     assert os.listdir(fs.tier.next_use.dir) == []  # the order's hint file went with it
+    return float(stats["bytes_fetched"]) / dataset
+
+
+def test_three_shuffled_epochs_over_twice_the_budget_fetch_near_min(tmp_path: Path) -> None:
+    # LRU fetched 2.45-2.75x the dataset here; MIN with this budget about 2.1x. Which
+    # prefetch thread makes room first varies from run to run (a run over one seed ranged
+    # 2.0-2.5x), so the bound is on the mean over six seeds; no run may be as bad as LRU.
+    ratios = [_three_shuffled_epochs(tmp_path / str(seed), seed) for seed in range(6)]
+    assert sum(ratios) / len(ratios) <= 2.2, ratios
+    assert max(ratios) <= 2.5, ratios
 
 
 def test_the_entry_read_furthest_ahead_goes_not_the_least_recent(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 from tiercache import forksafe
 from tiercache.digest import xxh3_file
+from tiercache.stats import Stats
 from tiercache.tiers.entry import (
     CachedEntry,
     EntryMeta,
@@ -120,6 +121,8 @@ class LocalTier:
         # Read orders that rank eviction by next use (set by the prefetch engine; none for a
         # shared tier, whose entries serve other hosts' readers).
         self.next_use: NextUse | None = None
+        # Where evictions are counted (set by the runtime for the node's local tier).
+        self.stats: Stats | None = None
         self._lock = threading.Lock()
         self._room_lock = threading.Lock()  # one ``make_room`` at a time: check, then reserve
         self._claims: dict[int, int] = {}  # claim -> bytes (``make_room``), oldest first
@@ -400,15 +403,16 @@ class LocalTier:
             # (which fetch's it was does not matter, the bytes reserved come out the same).
             claim = next(iter(self._claims), None)
             self._reserved += nbytes - (0 if claim is None else self._claims.pop(claim))
-            reserved = self._reserved
         free_short = self.free_shortfall(nbytes)
         if self.usage() > self.max_bytes * self.high_watermark or free_short:
             # Part files of this process's fetches are in ``reserved`` already: counting them
             # again made concurrent fetches evict up to their own size twice over.
             self.evict(
-                int(self.max_bytes * self.low_watermark) - reserved,
+                int(self.max_bytes * self.low_watermark),
                 free_needed=free_short,
                 count_parts=False,
+                start_above=self.fill_limit(),
+                less_reserved=True,
             )
 
     def free_shortfall(self, nbytes: int) -> int:
@@ -426,10 +430,10 @@ class LocalTier:
         once the fetch has started (or will not)."""
         with self._room_lock:
             if self.usage() + nbytes > self.fill_limit():
+                target = int(self.max_bytes * self.low_watermark) - nbytes
+                report = self.evict(target, count_parts=False, floor=floor, less_reserved=True)
                 with self._lock:
                     reserved = self._reserved
-                target = int(self.max_bytes * self.low_watermark) - reserved - nbytes
-                report = self.evict(max(0, target), count_parts=False, floor=floor)
                 if report.usage_after + reserved + nbytes > self.fill_limit():
                     return None
             with self._lock:
@@ -455,6 +459,8 @@ class LocalTier:
         free_needed: int = 0,
         count_parts: bool = True,
         floor: float | None = None,
+        start_above: int | None = None,
+        less_reserved: bool = False,
     ) -> EvictionReport:
         """Remove clean entries until usage is at most ``target_bytes`` (and at least
         ``free_needed`` bytes were freed): least recently used first or, where read orders
@@ -464,6 +470,12 @@ class LocalTier:
         Entries that are pinned, open (a reader's shared lock), being fetched or published
         (the entry lock), dirty, or chosen by ``keep`` (the newest checkpoints) are kept, and
         so are those this process's prefetch is about to pin.
+
+        ``start_above``: remove nothing unless this pass's own scan finds usage above it (a
+        cached usage may count a concurrent publish twice: it only suggests a pass).
+        ``less_reserved``: both bounds less the bytes this process reserved for its fetches,
+        as reserved once the scan is done (a fetch releases its bytes before it publishes
+        them: read any earlier, a fetch published meanwhile would count twice).
         """
         with self._lock:
             before = self._published_bytes
@@ -473,6 +485,17 @@ class LocalTier:
         usage = sum(r.size for r in rows)
         report = EvictionReport()
         busy: set[str] = set()
+        if less_reserved:
+            with self._lock:
+                reserved = self._reserved
+            target_bytes = max(0, target_bytes - reserved)
+            start_above = None if start_above is None else start_above - reserved
+        if (
+            start_above is not None
+            and not free_needed
+            and (usage + self.staging_bytes() <= start_above)
+        ):
+            ranked = []
         for row in ranked:
             if usage <= target_bytes and report.removed_bytes >= free_needed:
                 break
@@ -481,14 +504,17 @@ class LocalTier:
             protected = hints is not None and hints.is_protected(row.entry_id)
             if row.pinned:
                 report.kept_pinned += 1
-            elif not protected and self._evict_one(row, dry_run):
+            elif not protected and (freed := self._evict_one(row, dry_run)) is not None:
                 usage -= row.size
                 report.removed.append(row.entry_id)
-                report.removed_bytes += row.size
+                report.removed_bytes += freed
             else:
                 report.kept_busy += 1
                 busy.add(row.entry_id)
         report.usage_after = usage
+        if self.stats is not None and report.removed and not dry_run:
+            self.stats.add("evictions", len(report.removed))
+            self.stats.add("bytes_evicted", report.removed_bytes)
         if hints is not None and not dry_run and known:
             hints.account(
                 rows,
@@ -504,27 +530,34 @@ class LocalTier:
             self._cache_scan(usage, before)
         return report
 
-    def _evict_one(self, row: _ScanRow, dry_run: bool) -> bool:
+    def _evict_one(self, row: _ScanRow, dry_run: bool) -> int | None:
+        """Remove one entry, if nothing holds it; the bytes that freed (measured under the
+        entry's lock: a fetch may have published it since the scan), or None if kept."""
         paths = self.paths(row.entry_id)
         held = self._try_entry_lock(paths)
         if held is None:
-            return False
+            return None
         try:
             meta = read_meta(paths.meta)
             if meta is not None and (meta.state == "dirty" or self.keep(meta)):
-                return False
+                return None
             blocks = block_paths(paths)
             if (
                 is_shared_locked(paths.data)
                 or is_shared_locked(blocks.data)
                 or os.path.exists(pin_path(paths))
             ):
-                return False
-            if not dry_run:
-                for path in entry_files(paths):
-                    remove_file(path)
-                self._remove_parts(paths)
-            return True
+                return None
+            if dry_run:
+                return row.size
+            present = [path for path in entry_files(paths) if os.path.lexists(path)]
+            freed = _entry_bytes(paths.data, blocks.data)
+            for path in present:
+                remove_file(path)
+            freed += self._remove_parts(paths)
+            if not present and not freed:
+                return None  # another pass removed it since the scan
+            return freed
         finally:
             self._release_entry_lock(paths, held, removed=not dry_run)
 
@@ -537,8 +570,14 @@ class LocalTier:
         assert isinstance(held, int)
         unlock(held)
 
-    def _remove_parts(self, paths: EntryPaths) -> None:
+    def _remove_parts(self, paths: EntryPaths) -> int:
+        """Remove the entry's part files (a dead fetcher's); the bytes they took."""
+        try:
+            size = os.stat(paths.part, follow_symlinks=False).st_size
+        except OSError:
+            return 0
         remove_file(paths.part)
+        return size
 
     # -- pins --------------------------------------------------------------------------------
 
@@ -590,6 +629,18 @@ class LocalTier:
 
 
 _SCANNED = ("data", "meta", "part", "blk", "blkmap", "blkmeta")
+
+
+def _entry_bytes(data: str, blocks: str) -> int:
+    """The space an entry's data takes, as ``_scan`` counts it (a block file's sparse blocks)."""
+    size = 0
+    with suppress(OSError):
+        size += os.stat(data, follow_symlinks=False).st_size
+    with suppress(OSError):
+        size += os.stat(blocks, follow_symlinks=False).st_blocks * 512
+    return size
+
+
 _ENTRY_ID = re.compile("[0-9a-f]{64}")
 
 

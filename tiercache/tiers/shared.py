@@ -128,10 +128,13 @@ class SharedTier(LocalTier):
         assert isinstance(held, _Held)
         self.leases.release(paths.lock, held.token)
 
-    def _remove_parts(self, paths: EntryPaths) -> None:
+    def _remove_parts(self, paths: EntryPaths) -> int:
+        freed = 0
         for part in glob.glob(glob.escape(paths.part) + "*"):
             with contextlib.suppress(FileNotFoundError):
+                freed += os.stat(part, follow_symlinks=False).st_size
                 os.unlink(part)
+        return freed
 
 
 def _set_mode(path: str, mode: int) -> None:
