@@ -159,6 +159,10 @@ do_start() {
   do_stop >/dev/null
   for m in "$A" "$B"; do umount_one "$m"; done
   rm -rf "$D"; mkdir -p "$D"/{run,log,mon.a,osd.0,mds.a,mgr.x} "$A" "$B"
+  local free_pct
+  free_pct=$(df -P "$D" | awk 'NR==2 {print int($4 * 100 / $2)}')
+  # the mon exits at start, without a word on stderr, below mon_data_avail_crit (5 %)
+  [ "$free_pct" -gt 5 ] || die "only ${free_pct}% of the disk under $D is free; ceph-mon needs more than 5%"
   printf '%s\n%s\n' "$(realpath "$A")" "$(realpath "$B")" > "$D/mounts"
   local FSID T0 T1 T2 T3 T4 T5 K OSD_UUID ID
   FSID=$(uuidgen); T0=$(ts)

@@ -137,6 +137,8 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
     def _strip_protocol(cls, path: Any) -> Any:
         if isinstance(path, list):
             return [cls._strip_protocol(p) for p in path]
+        if type(path) is str and ":" not in path:  # "bucket/key": no protocol to strip
+            return path.strip("/")
         path = stringify_path(path)
         stripped = True
         while stripped:

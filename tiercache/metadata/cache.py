@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from tiercache import forksafe
 from tiercache.metadata.freshness import Freshness
-from tiercache.tiers.entry import install, prepare_file
+from tiercache.tiers.entry import install, prepare_file, shard_dir
 from tiercache.tiers.local import LocalTier, remove_file
 from tiercache.tiers.locks import lock, unlock
 
@@ -391,13 +391,7 @@ class MetadataCache:
         return os.path.join(self._shard(entry_id[:2]), f"{entry_id}.{kind}")
 
     def _shard(self, shard: str) -> str:
-        path = os.path.join(self.dir, shard)
-        if shard not in self._shards_ready:
-            os.makedirs(path, mode=self._dir_mode, exist_ok=True)
-            if os.path.islink(path):
-                raise PermissionError(13, "a metadata directory is a symlink", path)
-            self._shards_ready.add(shard)
-        return path
+        return shard_dir(self.dir, shard, self._dir_mode, self._shards_ready)
 
     @contextlib.contextmanager
     def _stamp_lock(self, shard: str) -> Iterator[int]:

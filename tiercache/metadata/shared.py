@@ -30,7 +30,7 @@ from tiercache.metadata.cache import MAX_LISTING_ROWS, RECORD_VERSION, Kind, lis
 from tiercache.metadata.freshness import Freshness
 from tiercache.metadata.rows import store_rows
 from tiercache.store.base import ObjectStore
-from tiercache.tiers.entry import install, prepare_file, read_small_file
+from tiercache.tiers.entry import install, prepare_file, read_small_file, shard_dir
 from tiercache.tiers.local import LocalTier, remove_file
 from tiercache.tiers.shared import SharedTier
 
@@ -166,8 +166,4 @@ class SharedListings:
         return os.path.join(self._shard(entry_id[:2]), f"{entry_id}.{kind}")
 
     def _shard(self, shard: str) -> str:
-        path = os.path.join(self.dir, shard)
-        if shard not in self._shards_ready:
-            os.makedirs(path, mode=self._dir_mode, exist_ok=True)
-            self._shards_ready.add(shard)
-        return path
+        return shard_dir(self.dir, shard, self._dir_mode, self._shards_ready)

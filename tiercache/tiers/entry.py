@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import secrets
@@ -70,7 +69,8 @@ class EntryMeta:
         )
 
     def to_json(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
+        # Every field is a scalar: the instance's own dict serves (``asdict`` deep-copies).
+        return json.dumps(vars(self), sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, raw: bytes) -> EntryMeta | None:
@@ -168,3 +168,15 @@ def read_small_file(path: str, limit: int) -> bytes | None:
         return None
     finally:
         os.close(fd)
+
+
+def shard_dir(parent: str, shard: str, dir_mode: int, ready: set[str]) -> str:
+    """``parent/shard``, made if missing (once per process: ``ready`` remembers it); a
+    symlink planted in its place is refused, so that nothing is written through it."""
+    path = os.path.join(parent, shard)
+    if shard not in ready:
+        os.makedirs(path, mode=dir_mode, exist_ok=True)
+        if os.path.islink(path):
+            raise PermissionError(13, "a metadata directory is a symlink", path)
+        ready.add(shard)
+    return path

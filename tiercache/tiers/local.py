@@ -111,6 +111,7 @@ class LocalTier:
             os.makedirs(path, mode=dir_mode, exist_ok=True)
             _require_real_dir(path, self.root)
         self._shards_ready: set[str] = set()
+        self._paths: dict[str, EntryPaths] = {}
         # Parsed metadata by path, with the identity of the file it was read from: a warm
         # open looks an entry up more than once (prefetch, then its reader), and one stat
         # costs less than opening, reading and parsing the file again.
@@ -152,6 +153,9 @@ class LocalTier:
         return _entry_id(namespace, bucket, key)
 
     def paths(self, entry_id: str) -> EntryPaths:
+        known = self._paths.get(entry_id)
+        if known is not None:
+            return known
         if not _ENTRY_ID.fullmatch(entry_id):
             raise ValueError(f"not an entry id: {entry_id!r}")
         shard = os.path.join(self.objects_dir, entry_id[:2])
@@ -160,7 +164,11 @@ class LocalTier:
             _require_real_dir(shard, self.root)
             self._shards_ready.add(shard)
         base = os.path.join(shard, entry_id)
-        return EntryPaths(base + ".data", base + ".meta", base + ".lock", base + ".part")
+        paths = EntryPaths(base + ".data", base + ".meta", base + ".lock", base + ".part")
+        if len(self._paths) >= _METAS_KEPT:
+            self._paths.clear()
+        self._paths[entry_id] = paths  # an open names its entry several times
+        return paths
 
     # -- lookups -----------------------------------------------------------------------------
 
@@ -277,8 +285,11 @@ class LocalTier:
 
     def create_part(self, paths: EntryPaths) -> int:
         """Create the part file afresh (a dead fetcher's leftover goes); hold the entry lock."""
-        remove_file(paths.part)
-        return create_exclusive(paths.part, self.file_mode)
+        try:
+            return create_exclusive(paths.part, self.file_mode)
+        except FileExistsError:
+            remove_file(paths.part)
+            return create_exclusive(paths.part, self.file_mode)
 
     def publish(
         self,

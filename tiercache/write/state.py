@@ -32,6 +32,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -593,6 +594,7 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 
 def _is_entry_id(value: Any) -> bool:
-    return (
-        isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
-    )
+    return isinstance(value, str) and _ENTRY_ID.fullmatch(value) is not None
+
+
+_ENTRY_ID = re.compile("[0-9a-f]{64}")
