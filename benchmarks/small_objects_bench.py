@@ -6,7 +6,6 @@ import argparse
 import functools
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -54,7 +53,9 @@ NOTES = (
     "Uploaded once (boto3, 16 threads) and read once untimed, both straight to the server (not "
     "through the emulator), so every mode finds it in the same state. local_files: the same "
     "bytes in local files, page cache warm (read untimed first).",
-    f"Cold tiercache modes: a fresh local_dir each, consistency={COLD_CONSISTENCY!r}. "
+    f"Cold tiercache modes: a fresh local_dir each, consistency={COLD_CONSISTENCY!r}; every "
+    "tier is kept until the run ends (files removed just before make new ones dearer on "
+    "ext4, a cost the plain clients, which create none, would not pay). "
     "dataloader: a map-style Dataset whose workers open tiercache::s3:// paths through "
     f"fsspec; DataLoader(batch_size=None, num_workers={LOADER_WORKERS}), fork.",
     "Warm modes run each in a new process on the tier the first cold mode filled, timed once "
@@ -282,8 +283,10 @@ def cold_pass(ctx: Context, reader: str) -> Sample:
     sample = Sample(seconds, dict(store_requests(fs) - before), blobs, tier_stats(fs))
     if ctx.filled_tier is None and all(fs.is_cached(p) for p in ctx.ds.paths):
         ctx.filled_tier = tier
-    else:
-        shutil.rmtree(tier)
+    # Kept until the run ends, not removed now: ext4 skips recently freed inodes when it
+    # allocates one (``recently_deleted``), so thousands of files removed just before made
+    # every file the next sample creates cost 3-30 times as much, a cost only that sample's
+    # client paid (the plain clients create no files), and more with every repeat.
     return sample
 
 
@@ -334,7 +337,6 @@ def tiercache_dataloader_cold(ctx: Context) -> Sample:
         first = first or [time.perf_counter() - start]
         blobs[i], per_worker[pid] = data, counts
     seconds = time.perf_counter() - start
-    shutil.rmtree(tier)
     requests = sum((Counter(c) for c in per_worker.values()), Counter())
     return Sample(seconds, dict(requests), blobs, {"first_item_s": round(first[0], 4)})
 

@@ -103,6 +103,7 @@ class PrefetchEngine:
         self._unused: OrderedDict[str, tuple[str, str, int]] = OrderedDict()
         self._running_threads = 0
         self._busy = 0  # workers fetching an item
+        self._settling = 0  # threads in ``wait_settled``
         self._sizes_seen = 0
         self._typical_size = 0  # mean size of the objects whose size was learnt
         self.window.used = 0
@@ -167,7 +168,7 @@ class PrefetchEngine:
                     # A duplicate heap entry is harmless: the first popped moves the item on.
                     heapq.heappush(self._heap, (*item.rank, next(self._seq), item))
             self._start_workers()
-            self._work_ready.notify()
+            self._wake_worker()
         return len(ready), taken
 
     def _ready_in_tier(self, targets: Sequence[Target]) -> dict[str, int]:
@@ -207,7 +208,7 @@ class PrefetchEngine:
                     if item.brought:
                         self._remember_unused(item)
                 # A running item ends on its own; with no handle left it is not pinned.
-            self._work_ready.notify()
+            self._wake_worker()
         for item in to_close:
             _close(item)
 
@@ -228,7 +229,7 @@ class PrefetchEngine:
                     del self._listeners[path]
             if self._held is not None and self._held[0] is order:
                 self._held = None
-                self._work_ready.notify()
+                self._wake_worker()
 
     # -- the reader's side -------------------------------------------------------------------
 
@@ -254,7 +255,7 @@ class PrefetchEngine:
                     self._drop(item)
                     if item.brought:
                         self._count_used(item.size or 0)
-                    self._work_ready.notify()  # room in the window: the next object may go
+                    self._wake_worker()  # room in the window: the next object may go
             unused = self._unused.pop(path, None)
             order = self._listeners.get(path)
         if unused is not None:
@@ -277,7 +278,7 @@ class PrefetchEngine:
             with self._cond:
                 if self._held is held:
                     self._held = None
-                    self._work_ready.notify()
+                    self._wake_worker()
 
     # -- metrics -----------------------------------------------------------------------------
 
@@ -298,7 +299,11 @@ class PrefetchEngine:
         let go of (no lock of this engine left on them)."""
         with self._cond:
             running = [item for item in self._items.values() if item.state == "running"]
-            self._cond.wait_for(lambda: all(i.state != "running" for i in running), timeout)
+            self._settling += 1
+            try:
+                self._cond.wait_for(lambda: all(i.state != "running" for i in running), timeout)
+            finally:
+                self._settling -= 1
 
     def pinned_bytes(self) -> int:
         """Bytes the window holds now (pinned and in flight)."""
@@ -325,9 +330,15 @@ class PrefetchEngine:
         with self._cond:
             self._workers = self._governor.width
             self._start_workers()
-            self._work_ready.notify()
+            self._wake_worker()
         self._stats.add("prefetch_workers_added", more)
         return True
+
+    def _wake_worker(self) -> None:
+        """Wake an idle worker if the queue holds anything it may take (hold the lock): on a
+        busy core each wake-up with nothing to take cost two context switches."""
+        if self._heap and self._held is None:
+            self._work_ready.notify()
 
     def _start_workers(self) -> None:
         while self._running_threads < self._workers:
@@ -525,8 +536,9 @@ class PrefetchEngine:
                 self._uncharge(item)
                 if item.brought and not item.read:
                     self._remember_unused(item)
-            self._work_ready.notify()
-            self._cond.notify_all()  # wait_settled
+            self._wake_worker()
+            if self._settling:
+                self._cond.notify_all()
 
     def _pin_cached(self, item: Item, entry: CachedEntry | None) -> tuple[int, int | None]:
         """A shared lock on a cached entry's data, which keeps eviction off it, and its size;

@@ -192,10 +192,15 @@ class LocalTier:
             return known[1]
         meta = read_meta(path)
         if meta is not None:
-            if len(self._metas) >= _METAS_KEPT:
-                self._metas.clear()
-            self._metas[path] = (identity, meta)
+            self._remember_meta(path, identity, meta)
         return meta
+
+    def _remember_meta(
+        self, path: str, identity: tuple[int, int, int, int], meta: EntryMeta
+    ) -> None:
+        if len(self._metas) >= _METAS_KEPT:
+            self._metas.clear()
+        self._metas[path] = (identity, meta)
 
     def open_data(self, entry: CachedEntry) -> int:
         """Open an entry's data for reading, holding a shared lock that keeps it from eviction.
@@ -326,6 +331,11 @@ class LocalTier:
         install(tmp_meta, paths.meta)
         if durable:
             fsync_dir(os.path.dirname(paths.data))
+        with suppress(OSError):  # its reader (often another thread, at once) parses nothing
+            st = os.stat(paths.meta, follow_symlinks=False)
+            self._remember_meta(
+                paths.meta, (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size), meta
+            )
         with self._lock:
             # Counted here whether or not a scan running now saw the rename (see ``usage``).
             self._published_bytes += meta.size
