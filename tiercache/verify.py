@@ -20,15 +20,14 @@ from collections.abc import Callable, Hashable
 import xxhash
 
 from tiercache import forksafe
+from tiercache.buffers import SIZE as BUFFER
+from tiercache.buffers import thread_buffer
 from tiercache.config import Verify
 from tiercache.errors import CacheCorruptError, CacheTimeoutError
 from tiercache.stats import Stats
 from tiercache.tiers.entry import CachedEntry
 from tiercache.tiers.local import LocalTier
 
-# Pieces a worker reads and hashes: small enough to stay in the CPU cache between the two,
-# large enough that the worker's Python steps cost little (256 KiB measured ~5% slower).
-_BUFFER = 1 << 20
 # Objects up to this size are checked whole when they are first opened, before any byte is
 # handed out: a corrupt copy is refetched (or, dirty, refused) before the first read. xxh3
 # hashes about 10 GB/s from the page cache, so this costs a first open at most a few ms; a
@@ -36,18 +35,6 @@ _BUFFER = 1 << 20
 CHECK_AT_OPEN_MAX = 64 << 20
 _TRUSTED_MAX = 4096
 _WORKERS = 2
-_buffers = threading.local()
-
-
-def _thread_buffer() -> memoryview:
-    """This thread's read buffer for hashing: a fresh MiB per checked file cost more than
-    hashing a small file (the allocator zeroes it, the kernel faults its pages in)."""
-    buffer: memoryview | None = getattr(_buffers, "view", None)
-    if buffer is None:
-        buffer = _buffers.view = memoryview(bytearray(_BUFFER))
-    return buffer
-
-
 Identity = tuple[int, int, int, int, int]
 
 
@@ -249,7 +236,7 @@ class DigestCheck:
 
     def _hash_piece(self, fd: int) -> None:
         began = time.monotonic()
-        view = _thread_buffer()[: min(_BUFFER, self._size - self._hashed)]
+        view = thread_buffer("verify")[: min(BUFFER, self._size - self._hashed)]
         try:
             got = os.preadv(fd, [view], self._hashed)
         except OSError:

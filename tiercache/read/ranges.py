@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from tiercache.buffers import thread_buffer
 from tiercache.errors import StoreUnavailableError
 from tiercache.store.base import ObjectInfo, ObjectStore, ObjectStream
 from tiercache.store.retry import RetryableError, RetryPolicy
@@ -376,8 +377,7 @@ def copy_range(
 ) -> None:
     """Copy ``[start, end)`` into the sink, reopening from the last byte on a broken stream."""
     get = RangedGet(store, info.bucket, info.key, info.etag, start, end, retry, stream)
-    # Reused: fresh memory per chunk costs more than the I/O (and no more than the range).
-    buffer = memoryview(bytearray(min(CHUNK, end - start)))
+    buffer = thread_buffer("copy")[: min(CHUNK, end - start)]  # the sink copies or consumes it
     try:
         while get.pos < end:
             pos = get.pos
