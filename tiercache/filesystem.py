@@ -331,10 +331,10 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
 
     def _refuse_known_missing(self, bucket: str, key: str) -> None:
         """Raise at once for a key the store said is no object, while that answer holds."""
+        if self.read_path.cached(bucket, key) is not None:
+            return  # a cached copy is served whatever the record says (and costs one stat)
         known = self._meta.info(bucket, key, from_listing=False)  # no listing parse per open
-        if known is None or known.state == "file":
-            return
-        if self.read_path.cached(bucket, key) is None:
+        if known is not None and known.state != "file":
             raise self._known_missing_error(bucket, key, known)
 
     def _known_missing_error(self, bucket: str, key: str, known: KnownInfo) -> ObjectNotFoundError:

@@ -81,11 +81,13 @@ def test_a_usage_scan_that_a_publish_overlapped_is_kept_and_never_under(tmp_path
     scan = tier._scan
     inside = False
 
-    def scan_while_a_fetch_publishes(count_parts: bool = True) -> list[Any]:
+    def scan_while_a_fetch_publishes(
+        count_parts: bool = True, sizes_only: bool = False
+    ) -> list[Any]:
         nonlocal inside
         if inside:  # the fetch's own reservation asks for usage too
-            return scan(count_parts)
-        rows = scan(count_parts)  # the tier is empty when this scan reads it
+            return scan(count_parts, sizes_only)
+        rows = scan(count_parts, sizes_only)  # the tier is empty when this scan reads it
         inside = True
         assert fs.cat_file("b/k") == b"x" * 1000
         fs.wait_fetches()

@@ -24,6 +24,11 @@ from tiercache.stats import Stats
 
 # Prefixes whose listing this process keeps itself (those the metadata cache does not keep).
 _KEPT_PREFIXES = 16
+# A reader's open asks about the object its read-ahead asked about a moment before: that answer
+# serves again for this long (at most the ttl), unless a write on this host invalidated the
+# prefix since; one stat instead of the object's record and its listing row.
+_RECENT_SECONDS = 1.0
+_RECENT_KEPT = 4096
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,8 @@ class ListingRevalidator:
         self._kept: OrderedDict[tuple[str, str], tuple[float, dict[str, tuple[Any, Any]]]] = (
             OrderedDict()
         )
+        # (bucket, key) -> (when it was asked, the answer): see ``_RECENT_SECONDS``.
+        self._recent: dict[tuple[str, str], tuple[float, Listed]] = {}
 
     def after_fork(self) -> None:
         """A child has none of the parent's listing threads: it starts afresh."""
@@ -76,8 +83,19 @@ class ListingRevalidator:
         if not self._freshness.by_listing or not key:
             return None
         prefix = key[: key.rfind("/") + 1]
+        noted = self._metadata.now()
+        with self._lock:
+            recent = self._recent.get((bucket, key))
+        if (
+            recent is not None
+            and 0 <= noted - recent[0] < min(_RECENT_SECONDS, self._freshness.ttl)
+            and self._freshness.holds(recent[1].asked_at)
+            and not self._metadata.invalidated_since(bucket, prefix, recent[0])
+        ):
+            return recent[1]
         found = self._known(bucket, key, prefix)
         if found is not None:
+            self._note(bucket, key, noted, found)
             return found
         # One LIST per prefix at a time in this process: the others wait and read its answer.
         with self._lock:
@@ -87,7 +105,15 @@ class ListingRevalidator:
             if found is None:
                 self._list(bucket, prefix)
                 found = self._known(bucket, key, prefix)
+        if found is not None:
+            self._note(bucket, key, noted, found)
         return found
+
+    def _note(self, bucket: str, key: str, noted: float, found: Listed) -> None:
+        with self._lock:
+            if len(self._recent) >= _RECENT_KEPT:
+                self._recent.clear()
+            self._recent[(bucket, key)] = (noted, found)
 
     def _known(self, bucket: str, key: str, prefix: str) -> Listed | None:
         info = self._metadata.info(bucket, key)
