@@ -111,7 +111,7 @@ def add_store_profile_arg(p: argparse.ArgumentParser) -> None:
         "--store-cores",
         type=int,
         default=0,
-        help="with a remote profile, the S3 server and the emulator run on this many cores of "
+        help="the S3 server (and the emulator, with a remote profile) run on this many cores of "
         "their own (the last ones) and the benchmark on the others, as a remote store's CPU "
         "is not the client's (default 0: everything shares every core)",
     )
@@ -170,8 +170,8 @@ def remote_store(
 ) -> Iterator[tuple[Endpoint, dict[str, Any]]]:
     """The endpoint as seen through the emulator (its own process), and the profile's numbers.
 
-    For ``loopback`` no proxy runs and the endpoint is returned unchanged. Otherwise the server
-    (when started here) and the emulator get ``store_cores`` cores of their own (see
+    For ``loopback`` no proxy runs and the endpoint is returned unchanged. The server (when
+    started here) and the emulator get ``store_cores`` cores of their own (see
     ``isolate_store``; 0: they share every core with the benchmark).
     """
     sys.path.insert(0, str(REPO / "scripts"))
@@ -181,7 +181,7 @@ def remote_store(
     with rs.spawn(endpoint.url, profile) as spawned:
         params["url"] = spawned.url
         proxied = dataclasses.replace(endpoint, endpoint=spawned.url, proxy_pid=spawned.pid)
-        if profile != "loopback" and store_cores != 0 and endpoint.started_here:
+        if store_cores != 0 and endpoint.started_here:
             params["cpu_split"] = isolate_store(proxied, store_cores)
         yield proxied, params
 

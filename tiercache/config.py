@@ -80,11 +80,12 @@ class TierCacheConfig:
         ttl: seconds the store's answer is trusted in ``ttl`` mode: a cached entry, an
             object's info, a listing or a miss.
         fetch_concurrency: ranged GETs one fetch runs at once. None (default): learned from
-            the link, up to ``MAX_STREAMS`` (16): streams are added while each raises
-            throughput (a remote store gives one connection a small share of the link), a
-            store that serves one stream at 256 MiB/s or more gets one GET per object, and
-            what one fetch learned is where the next starts. A number: exactly that many (1:
-            one GET per object).
+            the link, up to ``MAX_STREAMS`` (16): streams are added while they raise
+            throughput (a remote store gives one connection a small share of the link;
+            the first fetch of a process doubles them at each decision), a store that serves
+            one stream at 256 MiB/s or more (measured while reading, not while writing to
+            the tier) gets one GET per object, and what one fetch learned is where the next
+            starts. A number: exactly that many (1: one GET per object).
         upload_concurrency: multipart-upload parts one process sends at once. None (default):
             learned from the link, up to ``MAX_PARTS_IN_FLIGHT`` (16): parts are added while
             each still gets 3/4 of the best rate seen and removed below 1/2, and a store that

@@ -41,12 +41,16 @@ class StreamGovernor:
     while its throughput grows with each one (up to ``maximum``); a store that serves one
     stream fast (at least ``FAST`` bytes/s: a loopback or same-rack server, where every
     extra stream only costs CPU) is read with one GET per object. What a fetch learned is
-    where the next one starts, so only the first fetches of a process probe.
+    where the next one starts, so only the first fetches of a process probe. A probe doubles
+    its streams at each decision (as TCP's slow start doubles its window) and looks at a few
+    round trips of the store: an object of a few parts is over after a quarter of a second.
     """
 
     FAST = 256 * 1024 * 1024  # bytes/s of one stream that the link does not hold back
-    GAIN = 1.15  # a stream is worth adding while the last one raised throughput this much
-    WINDOW = 0.25  # seconds of transfer each decision looks at
+    GAIN = 1.15  # streams are worth adding while the last ones raised throughput this much
+    WINDOW = 0.25  # at most this many seconds of transfer each decision looks at
+    MIN_WINDOW = 0.1  # at least this many (a rate over less is mostly noise)
+    ROUND_TRIPS = 4  # a decision looks at this many times the first GET's wait for its reply
 
     def __init__(self, maximum: int) -> None:
         self.maximum = maximum
@@ -57,6 +61,11 @@ class StreamGovernor:
         """Streams a new fetch starts with (0: probe)."""
         with self._lock:
             return min(self._streams, self.maximum)
+
+    def window(self, reply_seconds: float) -> float:
+        """Seconds of transfer a decision looks at, for a store that took ``reply_seconds`` to
+        answer the first GET: a stream just added needs a round trip before it counts."""
+        return min(self.WINDOW, max(self.MIN_WINDOW, self.ROUND_TRIPS * reply_seconds))
 
     def learned(self, streams: int) -> None:
         with self._lock:
@@ -133,10 +142,12 @@ def download(
     streams = concurrency if governor is None else governor.start()
     # A single stream, known to be enough: nothing to split, one GET for the whole object.
     split = (concurrency > 1 and streams != 1) or hesitate is not None
+    asked = time.monotonic()
     first: ObjectStream | None = store.open_range(
         bucket, key, 0, part_size if split else None, if_match=if_match
     )
     assert first is not None
+    reply_seconds = time.monotonic() - asked
     info = first.info
     try:
         sink.begin(info)
@@ -146,11 +157,15 @@ def download(
     parts = _Parts(first.end, info.size, part_size)
     one_stream = concurrency == 1 or streams == 1
     parts.whole_rest = one_stream  # the rest in one GET
-    counted = _CountingSink(sink)
+    # Chunks the reader's size are handed to it whole only from a store that one stream serves
+    # fast (there the CPU is what a read waits for, and the copy back from the file is saved).
+    # Over a link that holds each stream back, bytes go to the sink as they arrive: a chunk
+    # read whole would be written, and the reader woken, only once its last byte is in.
+    counted = _CountingSink(sink, handoff=streams == 1 or concurrency == 1)
     head: threading.Thread | None = None
     if hesitate is not None and info.size >= hesitate_above and first.end < info.size:
         if one_stream:  # the first part, then the decision, then the rest
-            copy_range(store, info, counted, first.start, first.end, retry, first)
+            copy_range(store, info, counted, first.start, first.end, retry, first, counted.meter)
             hesitate(info)
         else:
             # The first part arrives on its own stream while the reader decides: one that
@@ -196,6 +211,11 @@ def download(
         control = threading.Thread(
             target=_govern,
             args=(governor, counted, parts, running, add_stream, done),
+            kwargs={
+                "window": governor.window(reply_seconds),
+                "settle": reply_seconds,
+                "probe": streams == 0,
+            },
             daemon=True,
         )
         control.start()
@@ -204,35 +224,58 @@ def download(
         thread.join()
     if head is not None:
         head.join()
-    elapsed = time.monotonic() - counted.began
     done.set()
     if control is not None:
         control.join()
     if parts.failed is not None:
         raise parts.failed
     if governor is not None and streams <= 1:
-        rate = counted.total / max(elapsed, 1e-6)
+        link = counted.meter.rate_since((0, 0.0))
         alone = not workers
-        if streams == 0 and alone and rate >= StreamGovernor.FAST:
+        if streams == 0 and alone and link >= StreamGovernor.FAST:
             governor.learned(1)  # done before the first decision, on one fast stream
-        elif streams == 1 and rate < StreamGovernor.FAST and info.size >= 2 * part_size:
+        elif streams == 1 and link < StreamGovernor.FAST and info.size >= 2 * part_size:
             governor.learned(0)  # the link holds one stream back now: probe again next time
     return info
 
 
-class _CountingSink:
-    """A sink that counts the bytes written into it (for the stream governor)."""
+class _LinkMeter:
+    """What the link gives one stream: bytes over the seconds spent reading them from the store
+    (the sink's own work excluded, so a client busy writing is not taken for a slow link)."""
 
-    def __init__(self, sink: RangeSink) -> None:
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.seconds = 0.0
+
+    def received(self, count: int, seconds: float) -> None:
+        self.bytes += count  # estimates: increments from threads may race, rarely
+        self.seconds += seconds
+
+    def mark(self) -> tuple[int, float]:
+        return self.bytes, self.seconds
+
+    def rate_since(self, mark: tuple[int, float]) -> float:
+        """Bytes/s one stream got from the link since ``mark`` (0 while nothing arrived)."""
+        seconds = self.seconds - mark[1]
+        return (self.bytes - mark[0]) / seconds if seconds > 0 else 0.0
+
+
+class _CountingSink:
+    """A sink that counts the bytes written into it and how fast each stream received them
+    (for the stream governor); without ``handoff`` it asks for no read size of its own
+    (bytes go on as they arrive)."""
+
+    def __init__(self, sink: RangeSink, *, handoff: bool = True) -> None:
         self._sink = sink
+        self._handoff = handoff
         self.total = 0
-        self.began = time.monotonic()
+        self.meter = _LinkMeter()
 
     def begin(self, info: ObjectInfo) -> None:
         self._sink.begin(info)
 
     def next_read(self, offset: int) -> int:
-        return self._sink.next_read(offset)
+        return self._sink.next_read(offset) if self._handoff else 0
 
     def write(self, offset: int, data: memoryview | bytes) -> None:
         self._sink.write(offset, data)
@@ -246,24 +289,36 @@ def _govern(
     running: Callable[[], int],
     add_stream: Callable[[], None],
     done: threading.Event,
+    *,
+    window: float,
+    settle: float,
+    probe: bool,
 ) -> None:
-    """Add a stream while the last one raised throughput; settle on what the link gives."""
-    before = None  # throughput with one stream fewer
-    tried = 0  # streams running since the last one was added
+    """Add streams while the last ones raised throughput; settle on what the link gives.
+
+    A probe (nothing learned yet) doubles the streams at each decision while they are slow,
+    a fetch that starts from what was learned adds one at a time. Streams just added are
+    given ``settle`` seconds (the store's reply time) before the next window opens, so that
+    it sees them all running.
+    """
+    before = None  # throughput before the last streams were added
+    added = 0  # streams added at the last decision
+    tried = 0  # streams running since the last ones were added
     while parts.left() > 0:
         streams = running()
-        mark = counted.total
-        if done.wait(governor.WINDOW):
+        mark, link_mark = counted.total, counted.meter.mark()
+        if done.wait(window):
             return
-        rate = (counted.total - mark) / governor.WINDOW
-        if streams <= 2 and rate >= StreamGovernor.FAST:
+        rate = (counted.total - mark) / window
+        link = counted.meter.rate_since(link_mark)  # what one stream got from the link
+        if streams <= 2 and link * streams >= StreamGovernor.FAST:
             # One stream (or the first part's and one more) already moves what the link does
             # not hold back: a fast store, read with one GET per object.
             parts.whole_rest = True
             governor.learned(1)
             return
         if before is not None and rate < before * StreamGovernor.GAIN:
-            governor.learned(max(1, streams - 1))  # the last stream did not pay
+            governor.learned(max(1, streams - added))  # the last streams did not pay
             return
         if streams >= governor.maximum:
             governor.learned(streams)
@@ -271,8 +326,15 @@ def _govern(
         if parts.left() == 0:
             break
         before = rate
-        add_stream()
-        tried = streams + 1
+        # A probe whose streams are far below a fast store's rate doubles them; one near it
+        # adds a stream, as a fetch that starts from what was learned does, and looks again.
+        wanted = streams if probe and link < StreamGovernor.FAST / 2 else 1
+        added = min(wanted, governor.maximum - streams, parts.left())
+        for _ in range(added):
+            add_stream()
+        tried = streams + added
+        if done.wait(settle):
+            return
     if tried:  # every stream added paid, and then no part was left for another
         governor.ran_out_of_parts(tried)
 
@@ -280,7 +342,7 @@ def _govern(
 def _worker(
     store: ObjectStore,
     info: ObjectInfo,
-    sink: RangeSink,
+    sink: _CountingSink,
     parts: _Parts,
     retry: RetryPolicy,
     opened: ObjectStream | None,
@@ -290,9 +352,9 @@ def _worker(
     (default: ``parts``), which stops every stream that takes parts from it."""
     try:
         if opened is not None:
-            copy_range(store, info, sink, opened.start, opened.end, retry, opened)
+            copy_range(store, info, sink, opened.start, opened.end, retry, opened, sink.meter)
         while (part := parts.next()) is not None:
-            copy_range(store, info, sink, part[0], part[1], retry, None)
+            copy_range(store, info, sink, part[0], part[1], retry, None, sink.meter)
     except BaseException as exc:
         (failed or parts).fail(exc)
 
@@ -374,19 +436,26 @@ def copy_range(
     end: int,
     retry: RetryPolicy,
     stream: ObjectStream | None,
+    meter: _LinkMeter | None = None,
 ) -> None:
-    """Copy ``[start, end)`` into the sink, reopening from the last byte on a broken stream."""
+    """Copy ``[start, end)`` into the sink, reopening from the last byte on a broken stream;
+    a ``meter`` is told how long each read from the store took."""
     get = RangedGet(store, info.bucket, info.key, info.etag, start, end, retry, stream)
     buffer = thread_buffer("copy")[: min(CHUNK, end - start)]  # the sink copies or consumes it
     try:
         while get.pos < end:
             pos = get.pos
             wanted = sink.next_read(pos)
+            began = time.monotonic()
             if wanted:  # a chunk the reader's size, handed to it as is
                 data = get.read(wanted)
+                if meter is not None:
+                    meter.received(len(data), time.monotonic() - began)
                 sink.write(pos, data)
             else:
                 count = get.readinto(buffer)
+                if meter is not None:
+                    meter.received(count, time.monotonic() - began)
                 sink.write(pos, buffer[:count])
     finally:
         get.close()
