@@ -161,7 +161,7 @@ def download(
     # fast (there the CPU is what a read waits for, and the copy back from the file is saved).
     # Over a link that holds each stream back, bytes go to the sink as they arrive: a chunk
     # read whole would be written, and the reader woken, only once its last byte is in.
-    counted = _CountingSink(sink, handoff=streams == 1 or concurrency == 1)
+    counted = _CountingSink(sink, handoff=one_stream)
     head: threading.Thread | None = None
     if hesitate is not None and info.size >= hesitate_above and first.end < info.size:
         if one_stream:  # the first part, then the decision, then the rest
@@ -447,15 +447,10 @@ def copy_range(
             pos = get.pos
             wanted = sink.next_read(pos)
             began = time.monotonic()
-            if wanted:  # a chunk the reader's size, handed to it as is
-                data = get.read(wanted)
-                if meter is not None:
-                    meter.received(len(data), time.monotonic() - began)
-                sink.write(pos, data)
-            else:
-                count = get.readinto(buffer)
-                if meter is not None:
-                    meter.received(count, time.monotonic() - began)
-                sink.write(pos, buffer[:count])
+            # A chunk the reader's size is handed to it as is; other bytes go through the buffer.
+            data = get.read(wanted) if wanted else buffer[: get.readinto(buffer)]
+            if meter is not None:
+                meter.received(len(data), time.monotonic() - began)
+            sink.write(pos, data)
     finally:
         get.close()
