@@ -38,11 +38,11 @@ import time
 import warnings
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import fsspec.core
 
-from tiercache import CacheTimeoutError, TierCacheError, TierCacheFileSystem
+from tiercache import CacheTimeoutError, ConfigError, TierCacheError, TierCacheFileSystem
 from tiercache.checkpoints import CommitHolds
 
 _EXTRA_HINT = "pip install 'tiercache[torch]' (or torch for your platform from pytorch.org)"
@@ -78,6 +78,7 @@ __all__ = [
 log = logging.getLogger("tiercache.adapters.torch_checkpoint")
 
 _DCP_METADATA = ".metadata"  # DCP's commit file, written after every data file
+Level = Literal["store", "shared"]  # what a durable save waits for
 _AGREE_GRACE = 10.0  # seconds the ranks' agreement may take beyond ``timeout``
 _STATUS_BYTES = 1024  # room for one rank's error message in the collective
 
@@ -146,8 +147,16 @@ def wait_durable(
     storage_options: dict[str, Any] | None = None,
     timeout: float | None = None,
     process_group: dist.ProcessGroup | None = None,
+    level: Level = "store",
 ) -> None:
     """Wait until what was written under ``url_or_prefix`` (an object or a directory) is stored.
+
+    ``level="shared"`` waits only until it is durable on the shared tier (``write_tier=
+    "shared"``, where every ``close()`` already left it): any host finishes the uploads if
+    this one is lost, and with a process group the coordinator lets its ``.metadata`` go to
+    the store after the data files, whichever host uploads them. Without
+    ``write_tier="shared"`` it raises ``ConfigError`` (with ``write_mode="through"`` the files
+    are in the store already, which satisfies it).
 
     Without a process group this is tiercache's barrier (``TierCacheFileSystem.flush``):
     uploads pending under the prefix are retried now and waited for, including those left by
@@ -167,11 +176,12 @@ def wait_durable(
     ``CheckpointCommitTimeoutError`` with one (both ``TimeoutError``); the ranks' agreement may
     take up to 10 s more, and without ``timeout`` the process group's own timeout bounds it.
     """
+    _check_level(level)
     fs, path = _filesystem(url_or_prefix, storage_options)
     if not _distributed():
-        fs.flush(path, timeout=timeout)
+        _wait_local(fs, path, level, timeout)
         return
-    _commit(fs, path, process_group, _deadline(timeout))
+    _commit(fs, path, process_group, _deadline(timeout), level)
 
 
 def dcp_save(
@@ -182,6 +192,7 @@ def dcp_save(
     durable: bool = True,
     timeout: float | None = None,
     process_group: dist.ProcessGroup | None = None,
+    level: Level = "store",
 ) -> None:
     """``torch.distributed.checkpoint.save`` of ``state_dict`` into the directory ``url_dir``.
 
@@ -200,7 +211,13 @@ def dcp_save(
     ``wait_durable`` does (a collective, same errors), and with ``durable=False`` every rank
     must call ``wait_durable(url_dir)``: until it succeeds there is no ``.metadata`` in the
     store, and a coordinator that exits before drops its marker (with a warning).
+
+    ``level`` is what ``durable=True`` waits for: ``store`` (the default), or ``shared``: every
+    rank's files durable on the shared tier (``write_tier="shared"``), as ``wait_durable``
+    says; the checkpoint then reaches the store complete, ``.metadata`` last, even if the
+    hosts that wrote it are lost (any host with the shared tier uploads it).
     """
+    _check_level(level)
     fs, path = _filesystem(url_dir, storage_options)
     if fs.config.commit_marker != _DCP_METADATA:
         warnings.warn(
@@ -214,7 +231,7 @@ def dcp_save(
         _forget_hold(fs, path)  # one left by a distributed save of this directory that died
         _dcp_save(state_dict, storage_writer=writer)
         if durable:
-            fs.flush(f"{path}/", timeout=timeout)
+            _wait_local(fs, f"{path}/", level, timeout)
         return
     coordinator = dist.get_rank(process_group) == 0
     if coordinator:
@@ -226,7 +243,7 @@ def dcp_save(
             _abandon(fs, path)
         raise
     if durable:
-        _commit(fs, path, process_group, _deadline(timeout))
+        _commit(fs, path, process_group, _deadline(timeout), level)
 
 
 def dcp_load(
@@ -296,7 +313,7 @@ def _left(deadline: float | None) -> float | None:
 
 
 def _holds(fs: TierCacheFileSystem) -> CommitHolds:
-    return CommitHolds(fs.tier.root, fs.config.file_mode, fs.config.dir_mode)
+    return fs.commit_holds
 
 
 def _split_dir(fs: TierCacheFileSystem, path: str) -> tuple[str, str]:
@@ -345,6 +362,36 @@ def _abandon(fs: TierCacheFileSystem, path: str) -> None:
         _drop(held)
 
 
+def _check_level(level: str) -> None:
+    if level not in ("store", "shared"):
+        raise ValueError(f"level must be store or shared, got {level!r}")
+
+
+def _wait_local(fs: TierCacheFileSystem, path: str, level: Level, timeout: float | None) -> None:
+    """This process's files under ``path``: in the store, or durable on the shared tier."""
+    if level == "store":
+        fs.flush(path, timeout=timeout)
+    else:
+        _on_shared_tier(fs, path, None)
+
+
+def _on_shared_tier(fs: TierCacheFileSystem, path: str, deadline: float | None) -> None:
+    """Raise unless every file pending under ``path`` is durable on the shared tier (with
+    ``write_tier="shared"`` each ``close()`` that returned left it there)."""
+    if fs.config.write_mode == "through":
+        return  # each close() returned once its file was in the store
+    if fs.config.write_tier != "shared":
+        raise ConfigError(
+            "level='shared' needs write_tier='shared' and a shared_dir: this process's writes "
+            "wait for their upload on its own host's disk"
+        )
+    local = [row["name"] for row in fs.pending(path) if row["durability"] != "shared"]
+    if local:
+        raise ConfigError(
+            f"{len(local)} file(s) under {path} are not on the shared tier: {local[:3]}"
+        )
+
+
 def _flush_data(fs: TierCacheFileSystem, path: str, deadline: float | None) -> None:
     """Upload and wait for everything pending under ``path`` except markers still held."""
     holds = _holds(fs)
@@ -356,36 +403,46 @@ def _flush_data(fs: TierCacheFileSystem, path: str, deadline: float | None) -> N
         fs.flush(row["name"], timeout=_left(deadline))
 
 
-def _publish(fs: TierCacheFileSystem, path: str, deadline: float | None) -> None:
-    """Coordinator, once every rank's data is stored: lift its holds, upload the markers."""
+def _publish(fs: TierCacheFileSystem, path: str, deadline: float | None, level: Level) -> None:
+    """Coordinator, once every rank's data is stored (or, ``level="shared"``, durable on the
+    shared tier): lift its holds; at ``store``, upload the markers and wait for them. At
+    ``shared`` whichever host uploads the directory's last data file uploads the marker next."""
     for held in _held_under(fs, path):
         with _held_lock:
             _held.pop((fs.tier.root, held.path), None)
         if not _holds(fs).release(*_split_dir(fs, held.path), held.token):
             raise CheckpointCommitError(f"another save of {held.path} took its hold over", {})
-        fs.flush(f"{held.path}/{_DCP_METADATA}", timeout=_left(deadline))
+        if level == "store":
+            fs.flush(f"{held.path}/{_DCP_METADATA}", timeout=_left(deadline))
 
 
 def _commit(
-    fs: TierCacheFileSystem, path: str, group: dist.ProcessGroup | None, deadline: float | None
+    fs: TierCacheFileSystem,
+    path: str,
+    group: dist.ProcessGroup | None,
+    deadline: float | None,
+    level: Level = "store",
 ) -> None:
-    """Every rank: its files under ``path`` into the store; once every rank says so, the
-    coordinator's held markers; every rank returns, or raises, alike."""
+    """Every rank: its files under ``path`` into the store (or durable on the shared tier);
+    once every rank says so, the coordinator's held markers; every rank returns, or raises,
+    alike."""
     coordinator = dist.get_rank(group) == 0
+    step = _flush_data if level == "store" else _on_shared_tier
     try:
-        failures = _agree(_attempt(_flush_data, fs, path, deadline), path, group, deadline)
+        failures = _agree(_attempt(step, fs, path, deadline), path, group, deadline)
     except CheckpointCommitError:
         if coordinator:
             _abandon(fs, path)
         raise
     if failures:
+        where = "in the store" if level == "store" else "durable on the shared tier"
         raise _not_committed(
             path,
             failures,
-            "not every rank's data files are in the store; .metadata stays held by the "
+            f"not every rank's data files are {where}; .metadata stays held by the "
             "coordinator: call wait_durable again once the cause is fixed",
         )
-    status = _attempt(_publish, fs, path, deadline) if coordinator else ""
+    status = _attempt(_publish, fs, path, deadline, level) if coordinator else ""
     failures = _agree(status, path, group, deadline)
     if failures:
         raise _not_committed(path, failures, "the coordinator could not upload .metadata")

@@ -23,6 +23,7 @@ import time
 
 from tiercache.processes import is_alive, start_ticks
 from tiercache.tiers.entry import EntryMeta, read_small_file, write_atomically
+from tiercache.tiers.lease import is_stale, keep_alive, stop_keeping_alive
 from tiercache.tiers.local import fsync_dir
 
 
@@ -37,10 +38,12 @@ def _file_name(source: str) -> str:
 class CheckpointRegistry:
     """The committed checkpoints of one tier, and the commit markers held back in it."""
 
-    def __init__(self, root: str, keep: int, file_mode: int, dir_mode: int) -> None:
+    def __init__(
+        self, root: str, keep: int, file_mode: int, dir_mode: int, holds: CommitHolds | None = None
+    ) -> None:
         self.dir = os.path.join(root, "checkpoints")
         os.makedirs(self.dir, mode=dir_mode, exist_ok=True)
-        self.holds = CommitHolds(root, file_mode, dir_mode)
+        self.holds = holds or CommitHolds(root, file_mode, dir_mode)
         self._keep = keep
         self._file_mode = file_mode
         self._cached: tuple[float, tuple[str, ...]] = (0.0, ())
@@ -78,12 +81,21 @@ class CheckpointRegistry:
 
 
 class CommitHolds:
-    """Directories whose commit marker must not be uploaded yet, by whom they are held."""
+    """Directories whose commit marker must not be uploaded yet, by whom they are held.
 
-    def __init__(self, root: str, file_mode: int, dir_mode: int) -> None:
+    Holds live beside the journal that holds the markers. On the shared tier
+    (``write_tier="shared"``) every host's uploader honours them, so a hold is kept alive by
+    its holder's heartbeat (``stale_after``): one that went ``stale_after`` seconds without a
+    heartbeat belongs to a host that is gone, and its marker is reported never committed.
+    """
+
+    def __init__(
+        self, root: str, file_mode: int, dir_mode: int, stale_after: float | None = None
+    ) -> None:
         self.dir = os.path.join(root, "commit-holds")
         self._file_mode = file_mode
         self._dir_mode = dir_mode
+        self._stale_after = stale_after
 
     def _path(self, bucket: str, directory: str) -> str:
         return os.path.join(self.dir, _file_name(_source(bucket, directory)))
@@ -102,8 +114,11 @@ class CommitHolds:
             "started": start_ticks(pid),
             "held_at": time.time(),
         }
-        write_atomically(self._path(bucket, directory), json.dumps(row).encode(), self._file_mode)
+        path = self._path(bucket, directory)
+        write_atomically(path, json.dumps(row).encode(), self._file_mode)
         fsync_dir(self.dir)  # the hold is on disk before the marker it holds can be
+        if self._stale_after is not None:
+            keep_alive(path, token, self._stale_after)
         return token
 
     def release(self, bucket: str, directory: str, token: str | None) -> bool:
@@ -113,6 +128,7 @@ class CommitHolds:
             row = self._read(path)
             if row is None or row.get("token") != token:
                 return False
+        stop_keeping_alive(path)
         try:
             os.unlink(path)
         except FileNotFoundError:
@@ -123,15 +139,19 @@ class CommitHolds:
         """True while the directory's marker is held."""
         return os.path.exists(self._path(bucket, directory))
 
-    def orphaned(self, bucket: str, directory: str) -> int | None:
-        """The pid of a holder on this host that is gone (nothing will release its hold)."""
-        row = self._read(self._path(bucket, directory))
-        if row is None or row.get("host") != socket.gethostname():
+    def orphaned(self, bucket: str, directory: str) -> str | None:
+        """The holder, if it is gone (nothing will release its hold): a process of this
+        host that died, or (shared holds) one whose heartbeat stopped ``stale_after`` ago."""
+        path = self._path(bucket, directory)
+        row = self._read(path)
+        if row is None:
             return None
-        pid, started = row.get("pid"), row.get("started")
-        if not isinstance(pid, int) or is_alive(pid, started):
+        pid, started, host = row.get("pid"), row.get("started"), row.get("host")
+        if self._stale_after is not None and is_stale(path, self._stale_after):
+            return f"process {pid} of {host}"
+        if host != socket.gethostname() or not isinstance(pid, int) or is_alive(pid, started):
             return None
-        return pid
+        return f"process {pid}"
 
     def _read(self, path: str) -> dict[str, object] | None:
         raw = read_small_file(path, 1 << 16)

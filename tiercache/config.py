@@ -25,6 +25,7 @@ from tiercache.errors import ConfigError
 
 Consistency = Literal["immutable", "ttl", "always"]
 WriteMode = Literal["behind", "through"]
+WriteTier = Literal["local", "shared"]
 Verify = Literal["first", "always", "reboot"]
 UploadWhileWriting = Literal["auto", "on", "off"]
 SharedPolicy = Literal["promote", "serve"]
@@ -112,8 +113,15 @@ class TierCacheConfig:
         write_mode: ``behind``: ``close()`` returns once the bytes are durable in the local tier
             and a background uploader sends them; ``through``: ``close()`` returns once the
             object is in the store.
+        write_tier: where a write behind waits for its upload. ``local``: this host's tier
+            (``close()`` at local-disk speed; lost with the host's disk until uploaded).
+            ``shared``: the shared tier (``shared_dir``), its journal beside it; ``close()``
+            returns once the bytes are durable on the shared filesystem, and any host that
+            mounts it finishes the upload if this one is lost (its claim taken over after
+            ``lease_stale_after``).
         dirty_max_bytes: bytes written behind but not yet uploaded above which ``close()``
-            blocks until uploads catch up (back-pressure; default: half the local budget).
+            blocks until uploads catch up (back-pressure; default: half the budget of the
+            ``write_tier``).
         upload_workers: objects uploaded at once by one process.
         upload_deadline: seconds after which a failing upload stops being retried in the
             background (the object stays dirty; ``flush`` retries it); None: retry forever.
@@ -190,6 +198,7 @@ class TierCacheConfig:
     read_timeout: float = 60.0
     file_mode: int = 0o600
     write_mode: WriteMode = "behind"
+    write_tier: WriteTier = "local"
     dirty_max_bytes: int | None = None
     upload_workers: int = 2
     upload_deadline: float | None = None
@@ -248,6 +257,10 @@ class TierCacheConfig:
             raise ConfigError("file_mode must give the owner read and write (0o600)")
         if self.write_mode not in get_args(WriteMode):
             raise ConfigError(f"write_mode must be behind or through, got {self.write_mode!r}")
+        if self.write_tier not in get_args(WriteTier):
+            raise ConfigError(f"write_tier must be local or shared, got {self.write_tier!r}")
+        if self.write_tier == "shared" and self.shared_dir is None:
+            raise ConfigError("write_tier='shared' needs a shared tier: set shared_dir")
         if self.dirty_max_bytes is not None:
             _require_int("dirty_max_bytes", self.dirty_max_bytes, minimum=1)
         _require_int("upload_workers", self.upload_workers, minimum=1, maximum=64)
@@ -313,7 +326,8 @@ class TierCacheConfig:
     @property
     def dirty_budget(self) -> int:
         """The back-pressure threshold in bytes."""
-        return self.dirty_max_bytes or max(1, self.local_max_bytes // 2)
+        staging = self.shared_max_bytes if self.write_tier == "shared" else self.local_max_bytes
+        return self.dirty_max_bytes or max(1, staging // 2)
 
     @property
     def prefetch_window(self) -> int:
@@ -445,6 +459,7 @@ OPTION_KINDS: Mapping[str, OptionKind] = MappingProxyType(
         "read_timeout": "float",
         "file_mode": "mode",
         "write_mode": "choice",
+        "write_tier": "choice",
         "dirty_max_bytes": "size",
         "upload_workers": "int",
         "upload_deadline": "float",

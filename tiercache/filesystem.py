@@ -25,6 +25,7 @@ from typing import Any
 from fsspec.utils import stringify_path
 
 from tiercache.async_face import ASYNC_THREADS, AsyncFace
+from tiercache.checkpoints import CommitHolds
 from tiercache.config import TierCacheConfig
 from tiercache.errors import ConfigError, ObjectNotFoundError, TierFullError
 from tiercache.metadata.cache import KnownInfo
@@ -241,21 +242,29 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
     ) -> StagedWriteFile:
         """A file staged in the tier whose ``close()`` commits it, then forgets what the
         metadata cache knew of the key (the store or the tier now has the new version)."""
-        # The local tier will hold the new bytes; the shared tier's old copy must not
-        # outlive them there (an immutable reader would be served it after eviction).
-        self.read_path.invalidate_shared(bucket, key)
+        behind = commit is self._runtime.write_behind
+        staging = self._runtime.write_state.tier if behind else self.tier
+        if staging is self.tier:
+            # The local tier will hold the new bytes; the shared tier's old copy must not
+            # outlive them there (an immutable reader would be served it after eviction).
+            self.read_path.invalidate_shared(bucket, key)
 
         def commit_and_forget(staged: StagedObject) -> dict[str, Any]:
             try:
-                return commit(staged)
+                done = commit(staged)
             finally:
                 self._meta.invalidate(bucket, [key])
+            if staging is not self.tier:
+                # The shared tier holds the new bytes: this host's copy of the old ones goes
+                # (a reader that misses here is served the pending write).
+                self.tier.invalidate(staged.entry_id, self.config.lock_timeout)
+            return done
 
         return StagedWriteFile(
             f"{bucket}/{key}",
             bucket,
             key,
-            tier=self.tier,
+            tier=staging,
             entry_id=self.read_path.entry_id(bucket, key),
             source=source_url(bucket, key),
             commit=commit_and_forget,
@@ -276,7 +285,7 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
                 iter(self.store.list_objects(bucket, "", "/")), None
             )  # raises if there is no bucket (not cached: doctor and mount check credentials)
             return directory_row(bucket)
-        entry = self.read_path.cached(bucket, key)
+        entry = self.read_path.cached_or_pending(bucket, key)
         if entry is not None and (
             entry.meta.state == "dirty" or (use_cache and self._trusted(entry, bucket, key))
         ):
@@ -331,7 +340,7 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
 
     def _refuse_known_missing(self, bucket: str, key: str) -> None:
         """Raise at once for a key the store said is no object, while that answer holds."""
-        if self.read_path.cached(bucket, key) is not None:
+        if self.read_path.cached_or_pending(bucket, key) is not None:
             return  # a cached copy is served whatever the record says (and costs one stat)
         known = self._meta.info(bucket, key, from_listing=False)  # no listing parse per open
         if known is not None and known.state != "file":
@@ -493,7 +502,7 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         dst_bucket, dst_key = self.split_path(path2)
         if self.info(path1)["type"] == "directory":
             return
-        source = self.read_path.cached(src_bucket, src_key)
+        source = self.read_path.cached_or_pending(src_bucket, src_key)
         if self.config.write_mode == "behind" and source and source.meta.state == "dirty":
             # The source is not in the store yet: copy it locally and journal the copy. A
             # commit marker made by a rename (DCP: .metadata.tmp -> .metadata) then waits for
@@ -628,9 +637,12 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         return report
 
     def pending(self, path: str = "") -> list[dict[str, Any]]:
-        """Objects written behind and not yet uploaded: path, bytes, age, attempts, last error."""
+        """Objects written behind and not yet uploaded: path, bytes, age, attempts, last error,
+        where they survive until uploaded (``durability``: ``local`` or ``shared``), the host
+        that wrote them and the host whose process is uploading them now (None: none is)."""
         prefix = self._strip_protocol(path) if path else ""
         now = time.time()
+        state = self._runtime.write_state
         rows = []
         for record in self._runtime.write_behind.pending(prefix):
             attempts, error = self._runtime.uploader.last_error(record.entry_id)
@@ -642,9 +654,18 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
                     "state": record.state,
                     "attempts": attempts,
                     "last_error": record.error or error,
+                    "durability": state.durability,
+                    "host": record.host or None,
+                    "uploading_on": state.upload_holder(record.entry_id),
                 }
             )
         return rows
+
+    @property
+    def commit_holds(self) -> CommitHolds:
+        """The commit markers held back from the store (DCP's ``.metadata`` until every rank's
+        data is stored), beside the journal of ``write_tier``: every uploader of it obeys them."""
+        return self._runtime.commit_holds
 
     def pending_elsewhere(self) -> list[dict[str, Any]]:
         """Writes this tier holds for other stores (endpoints): this filesystem does not

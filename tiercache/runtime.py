@@ -13,7 +13,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from tiercache.checkpoints import CheckpointRegistry
+from tiercache.checkpoints import CheckpointRegistry, CommitHolds
 from tiercache.config import TierCacheConfig, fetch_streams, upload_parts
 from tiercache.metadata.cache import MetadataCache
 from tiercache.metadata.revalidate import ListingRevalidator
@@ -47,6 +47,7 @@ class CacheRuntime:
     lister: Lister
     stats: Stats
     write_state: WriteState
+    commit_holds: CommitHolds
     uploader: Uploader
     write_behind: WriteBehind
     write_through: WriteThrough
@@ -86,9 +87,17 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
     shared = _shared_tier(config)
     stats = Stats()
     tier.stats = stats
-    write_state = WriteState(tier, config.lock_timeout)
+    staging = shared if config.write_tier == "shared" and shared is not None else tier
+    write_state = WriteState(staging, config.lock_timeout)
+    # Markers are held back beside the journal that holds them, for every uploader of it.
+    holds = CommitHolds(
+        staging.root,
+        staging.file_mode,
+        staging.dir_mode,
+        stale_after=config.lease_stale_after if staging is shared else None,
+    )
     checkpoints = CheckpointRegistry(
-        tier.root, config.keep_checkpoints, config.file_mode, config.dir_mode
+        tier.root, config.keep_checkpoints, config.file_mode, config.dir_mode, holds
     )
     tier.keep = checkpoints.keeps
     uploader = Uploader(config, write_state, store, stats, checkpoints)
@@ -122,6 +131,7 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
     )
     read_path = ReadPath(config, tier, store, stats, shared, revalidator)
     read_path.pending_write = write_state.pending_entry
+    read_path.pending_tier = staging
     if write_state.record_ids():  # once its hooks are set
         uploader.start()  # finish what a crashed or exited process left in the journal
     runtime = CacheRuntime(
@@ -134,6 +144,7 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
         lister=lister,
         stats=stats,
         write_state=write_state,
+        commit_holds=holds,
         uploader=uploader,
         write_behind=write_behind,
         write_through=WriteThrough(store, write_state, stats),

@@ -34,6 +34,8 @@ FAMILIES = (
     "tiercache_tier_capacity_bytes",
     "tiercache_pending_uploads",
     "tiercache_pending_upload_bytes",
+    "tiercache_pending_uploads_by_durability",
+    "tiercache_pending_upload_bytes_by_durability",
     "tiercache_oldest_pending_upload_age_seconds",
     "tiercache_prefetch_used_total",
     "tiercache_prefetch_wasted_total",
@@ -172,7 +174,7 @@ def test_every_family_is_served(exporter: str) -> None:
     names = {name for name, _ in samples}
     assert not [family for family in FAMILIES if family not in names]
     for _, labels in samples:
-        assert {label for label, _ in labels} <= {"tier", "op", "state"}
+        assert {label for label, _ in labels} <= {"tier", "op", "state", "durability"}
 
 
 def test_exited_and_live_processes_are_both_counted(
@@ -235,6 +237,7 @@ def test_a_write_left_pending_by_an_exited_process(
     scrapes = [_scrape(exporter)]
     assert _value(scrapes[-1], "tiercache_pending_uploads", state="dirty") == 1
     assert _value(scrapes[-1], "tiercache_pending_upload_bytes", state="dirty") == 3000
+    assert _value(scrapes[-1], "tiercache_pending_uploads_by_durability", durability="local") == 1
     assert _value(scrapes[-1], "tiercache_oldest_pending_upload_age_seconds") > 0
 
     proxy.clear()

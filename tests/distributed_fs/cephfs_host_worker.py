@@ -51,6 +51,28 @@ class Host:
         self.fs.flush(path)
         return {}
 
+    def write_behind(self, sizes: dict[str, int]) -> dict[str, Any]:
+        """Write random objects behind (no flush); reply once every close() returned."""
+        digests = {}
+        for path, size in sizes.items():
+            sha = hashlib.sha256()
+            with self.fs.open(path, "wb") as f:
+                left = size
+                while left:
+                    chunk = os.urandom(min(left, 8 << 20))
+                    f.write(chunk)
+                    sha.update(chunk)
+                    left -= len(chunk)
+            digests[path] = sha.hexdigest()
+        return {"sha256": digests}
+
+    def flush(self, seconds: float) -> dict[str, Any]:
+        self.fs.flush(timeout=seconds)
+        return {}
+
+    def pending(self) -> dict[str, Any]:
+        return {"rows": self.fs.pending()}
+
     def open(self, path: str) -> dict[str, Any]:
         self.files[path] = self.fs.open(path, "rb")
         return {}

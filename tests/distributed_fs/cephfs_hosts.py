@@ -29,6 +29,7 @@ WORKER = Path(__file__).resolve().parent / "cephfs_host_worker.py"
 HOSTS = ("hostA", "hostB")
 MARK = "@@reply "
 # The cluster binds fixed ports; one test session at a time uses it.
+MiB = 1024 * 1024
 LOCK_PATH = "/tmp/tiercache-cephfs.lock"
 
 
@@ -187,3 +188,53 @@ def start_all(procs: list[HostProcess]) -> None:
     """Wait until every process has built its filesystem."""
     for proc in procs:
         proc.ready()
+
+
+class Hosts:
+    """Processes on the two hosts of one test, sharing ``shared_dir`` through CephFS."""
+
+    def __init__(self, cephfs: CephFS, name: str, tmp_path: Path, options: dict[str, Any]):
+        self.cephfs = cephfs
+        self.name = name
+        self.tmp_path = tmp_path
+        self.options = options
+        self.procs: list[HostProcess] = []
+
+    def shared(self, host: str) -> Path:
+        """The shared tier's directory as ``host`` sees it (its own mount)."""
+        return self.cephfs.mount(host) / self.name / "shared"
+
+    def start(self, host: str, local: str | None = None, **extra: Any) -> HostProcess:
+        config = {
+            "target_options": self.options,
+            "local_dir": str(self.tmp_path / (local or f"{host}-local")),
+            "shared_dir": str(self.shared(host)),
+            "consistency": "immutable",
+            **extra,
+        }
+        proc = HostProcess(host, config)
+        self.procs.append(proc)
+        return proc
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.close()
+
+
+def fill_quota(shared: Path, views: list[Path]) -> None:
+    """Use up a CephFS quota on ``shared``: other data of 4 MiB, then a quota of 4 MiB.
+
+    ceph-fuse checks a write against the quota root's recursive size as the MDS last told
+    it, plus that write's growth: a quota is enforced at once only once the usage has
+    reached the client (seen here through ``ceph.dir.rbytes`` on each host's mount).
+    """
+    with open(shared / "other-data", "wb") as f:
+        f.write(os.urandom(4 * MiB))
+        os.fsync(f.fileno())
+    os.setxattr(shared, "ceph.quota.max_bytes", str(4 * MiB).encode())
+    deadline = time.monotonic() + 60
+    for view in views:
+        while int(os.getxattr(view, "ceph.dir.rbytes")) < 4 * MiB:
+            assert time.monotonic() < deadline, "the MDS never reported the usage"
+            time.sleep(0.1)
+        assert os.getxattr(view, "ceph.quota.max_bytes") == str(4 * MiB).encode()

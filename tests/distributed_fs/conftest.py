@@ -7,9 +7,11 @@ import secrets
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from cephfs_hosts import CephFS, session_lock, why_not_here
+from cephfs_hosts import CephFS, Hosts, session_lock, why_not_here
+from support.proxy import FaultProxy
 
 
 @pytest.fixture(scope="session")
@@ -43,3 +45,15 @@ def cephfs_dir(cephfs: CephFS) -> Iterator[str]:
             break
         except OSError:
             continue
+
+
+@pytest.fixture
+def hosts(
+    cephfs: CephFS, cephfs_dir: str, tmp_path: Path, s3: Any, proxy: FaultProxy
+) -> Iterator[Hosts]:
+    """Hosts whose store requests all go through the counting proxy."""
+    group = Hosts(cephfs, cephfs_dir, tmp_path, {**s3.target_options(), "endpoint_url": proxy.url})
+    try:
+        yield group
+    finally:
+        group.close()

@@ -15,61 +15,17 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cephfs_hosts import CephFS, HostProcess, on_host, start_all
+from cephfs_hosts import CephFS, Hosts, fill_quota, on_host, start_all
 from support.proxy import FaultProxy
 
 pytestmark = [pytest.mark.distributed_fs, pytest.mark.multinode, pytest.mark.integration]
 
 MiB = 1024 * 1024
-
-
-class Hosts:
-    """Processes on the two hosts of one test, sharing ``shared_dir`` through CephFS."""
-
-    def __init__(self, cephfs: CephFS, name: str, tmp_path: Path, options: dict[str, Any]):
-        self.cephfs = cephfs
-        self.name = name
-        self.tmp_path = tmp_path
-        self.options = options
-        self.procs: list[HostProcess] = []
-
-    def shared(self, host: str) -> Path:
-        """The shared tier's directory as ``host`` sees it (its own mount)."""
-        return self.cephfs.mount(host) / self.name / "shared"
-
-    def start(self, host: str, local: str | None = None, **extra: Any) -> HostProcess:
-        config = {
-            "target_options": self.options,
-            "local_dir": str(self.tmp_path / (local or f"{host}-local")),
-            "shared_dir": str(self.shared(host)),
-            "consistency": "immutable",
-            **extra,
-        }
-        proc = HostProcess(host, config)
-        self.procs.append(proc)
-        return proc
-
-    def close(self) -> None:
-        for proc in self.procs:
-            proc.close()
-
-
-@pytest.fixture
-def hosts(
-    cephfs: CephFS, cephfs_dir: str, tmp_path: Path, s3: Any, proxy: FaultProxy
-) -> Iterator[Hosts]:
-    """Hosts whose store requests all go through the counting proxy."""
-    group = Hosts(cephfs, cephfs_dir, tmp_path, {**s3.target_options(), "endpoint_url": proxy.url})
-    try:
-        yield group
-    finally:
-        group.close()
 
 
 def _put(s3_client: Any, bucket: str, sizes: dict[str, int]) -> dict[str, str]:
@@ -240,32 +196,6 @@ def test_serve_reads_in_place_and_promote_copies_to_the_local_tier(
     assert proxy.count("GET") == 4  # the fill, then the serving host's refetch
 
 
-def _quota(view: Path) -> int:
-    try:
-        return int(os.getxattr(view, "ceph.quota.max_bytes"))
-    except OSError:  # ENODATA: no quota
-        return 0
-
-
-def _fill_quota(shared: Path, views: list[Path]) -> None:
-    """Use up a CephFS quota on ``shared``: other data of 4 MiB, then a quota of 4 MiB.
-
-    ceph-fuse checks a write against the quota root's recursive size as the MDS last told
-    it, plus that write's growth: a quota is enforced at once only once the usage has
-    reached the client (seen here through ``ceph.dir.rbytes`` on each host's mount).
-    """
-    with open(shared / "other-data", "wb") as f:
-        f.write(os.urandom(4 * MiB))
-        os.fsync(f.fileno())
-    os.setxattr(shared, "ceph.quota.max_bytes", str(4 * MiB).encode())
-    deadline = time.monotonic() + 60
-    for view in views:
-        while int(os.getxattr(view, "ceph.dir.rbytes")) < 4 * MiB:
-            assert time.monotonic() < deadline, "the MDS never reported the usage"
-            time.sleep(0.1)
-        assert os.getxattr(view, "ceph.quota.max_bytes") == str(4 * MiB).encode()
-
-
 def test_a_full_shared_filesystem_quota_still_reads_correct_bytes(
     hosts: Hosts, s3_client: Any, bucket: str
 ) -> None:
@@ -273,7 +203,7 @@ def test_a_full_shared_filesystem_quota_still_reads_correct_bytes(
     paths = sorted(expected)
     shared_a, shared_b = hosts.shared("hostA"), hosts.shared("hostB")
     shared_a.mkdir(parents=True)
-    _fill_quota(shared_a, [shared_a, shared_b])
+    fill_quota(shared_a, [shared_a, shared_b])
     filler = hosts.start("hostA")
     reader = hosts.start("hostB", shared_policy="serve")
     start_all([filler, reader])

@@ -38,6 +38,7 @@ VALID: dict[str, tuple[str, Any]] = {
     "read_timeout": ("30", 30.0),
     "file_mode": ("640", 0o640),
     "write_mode": ("through", "through"),
+    "write_tier": ("local", "local"),  # "shared" needs shared_dir, at its default None
     "dirty_max_bytes": ("512MB", 512 * 10**6),
     "upload_workers": ("5", 5),
     "upload_deadline": ("3600", 3600.0),
@@ -82,6 +83,7 @@ INVALID: dict[str, str] = {
     "read_timeout": "-1",
     "file_mode": "rw-r-----",
     "write_mode": "sideways",
+    "write_tier": "nvme",
     "dirty_max_bytes": "12 parsecs",
     "upload_workers": "many",
     "upload_deadline": "tomorrow",

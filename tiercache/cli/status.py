@@ -47,20 +47,21 @@ def run(args: argparse.Namespace) -> int:
     mounts = choose_tier(args)
     config = config_from_args(args)
     tier = LocalTier(config.local_dir, config.local_max_bytes, config.file_mode, config.dir_mode)
-    journal = WriteState(tier, config.lock_timeout)
-    reconcile_journal(journal)  # what a dead writer closed (a killed mount) is pending too
-    now = time.time()
-    pending: list[dict[str, Any]] = [
-        {
-            "name": r.name,
-            "size": r.size,
-            "age_s": round(now - r.created_at, 1),
-            "store": r.namespace,
-            "state": r.state,
-            "error": r.error,
-        }
-        for r in journal.records()
-    ]
+    shared = None
+    if config.shared_dir is not None:
+        file_mode, dir_mode = config.shared_modes
+        shared = SharedTier(
+            config.shared_dir,
+            config.shared_max_bytes,
+            file_mode,
+            dir_mode,
+            host_id=config.host_id,
+            stale_after=config.lease_stale_after,
+        )
+    pending: list[dict[str, Any]] = []
+    for staging in (tier, shared):
+        if staging is not None:
+            pending += _pending_rows(WriteState(staging, config.lock_timeout))
     report: dict[str, Any] = {
         "local_dir": tier.root,
         "local_usage_bytes": tier.usage(fresh=True),
@@ -72,9 +73,7 @@ def run(args: argparse.Namespace) -> int:
         "mounts": [m.to_json() for m in mounts],
         "tier_of_mounts": [m.mountpoint for m in mounts if m.local_dir == tier.root],
     }
-    if config.shared_dir is not None:
-        file_mode, dir_mode = config.shared_modes
-        shared = SharedTier(config.shared_dir, config.shared_max_bytes, file_mode, dir_mode)
+    if shared is not None:
         report["shared_dir"] = shared.root
         report["shared_usage_bytes"] = shared.usage(fresh=True)
         report["shared_max_bytes"] = config.shared_max_bytes
@@ -98,7 +97,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"  FAILED    {report['failed_uploads']} upload(s) need you: see below")
     for row in pending:
         what = "waiting" if row["state"] == "dirty" else row["state"].upper()
-        line = f"    {row['name']}  {human_bytes(row['size'])}  {what} {row['age_s']:.0f} s"
+        line = (
+            f"    {row['name']}  {human_bytes(row['size'])}  {what} {row['age_s']:.0f} s"
+            f"  on {row['durability']} (written by {row['host'] or '?'}"
+            + (f", uploading on {row['uploading_on']})" if row["uploading_on"] else ")")
+        )
         print(line + (f": {row['error']}" if row["error"] else ""))
     print(f"mounts      {len(report['mounts'])}")
     for mount in report["mounts"]:
@@ -107,3 +110,23 @@ def run(args: argparse.Namespace) -> int:
         where = mount["local_dir"] or "tier unknown (no record)"
         print(f"  {mount['mountpoint']}  {mount['url']}  ({mode}, pid {pid}, {where})")
     return 0
+
+
+def _pending_rows(journal: WriteState) -> list[dict[str, Any]]:
+    """The journal's records, after committing what a dead writer closed (a killed mount)."""
+    reconcile_journal(journal)
+    now = time.time()
+    return [
+        {
+            "name": r.name,
+            "size": r.size,
+            "age_s": round(now - r.created_at, 1),
+            "store": r.namespace,
+            "state": r.state,
+            "error": r.error,
+            "durability": journal.durability,
+            "host": r.host or None,
+            "uploading_on": journal.upload_holder(r.entry_id),
+        }
+        for r in journal.records()
+    ]

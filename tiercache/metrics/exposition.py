@@ -105,6 +105,20 @@ def _gauges(sample: NodeSample) -> list[Metric]:
     for state, uploads in sample.pending.items():
         pending.add_metric([state], uploads.count)
         pending_bytes.add_metric([state], uploads.nbytes)
+    on = GaugeMetricFamily(
+        PREFIX + "pending_uploads_by_durability",
+        "Pending writes by where they survive until uploaded (local: this host's disk; "
+        "shared: the shared tier, finished by any host if this one is lost).",
+        labels=["durability"],
+    )
+    on_bytes = GaugeMetricFamily(
+        PREFIX + "pending_upload_bytes_by_durability",
+        "Bytes of the pending writes by where they survive until uploaded.",
+        labels=["durability"],
+    )
+    for durability, uploads in sample.durability.items():
+        on.add_metric([durability], uploads.count)
+        on_bytes.add_metric([durability], uploads.nbytes)
     oldest = GaugeMetricFamily(
         PREFIX + "oldest_pending_upload_age_seconds",
         "Age of the oldest pending upload (0: none pending).",
@@ -115,7 +129,7 @@ def _gauges(sample: NodeSample) -> list[Metric]:
         "Processes publishing counters for this tier now.",
         value=sample.processes,
     )
-    return [used, capacity, pending, pending_bytes, oldest, processes]
+    return [used, capacity, pending, pending_bytes, on, on_bytes, oldest, processes]
 
 
 def _other_counters(counters: dict[str, float]) -> list[Metric]:

@@ -39,6 +39,8 @@ class NodeSample:
     tiers: dict[str, TierUsage]
     pending: dict[str, PendingUploads] = field(default_factory=dict)
     oldest_pending_age: float = 0.0
+    # Pending writes by where they survive until uploaded: ``local`` or ``shared``.
+    durability: dict[str, PendingUploads] = field(default_factory=dict)
 
 
 class NodeReader:
@@ -56,9 +58,18 @@ class NodeReader:
         if config.shared_dir is not None:
             file_mode, dir_mode = config.shared_modes
             self.shared = SharedTier(
-                config.shared_dir, config.shared_max_bytes, file_mode, dir_mode
+                config.shared_dir,
+                config.shared_max_bytes,
+                file_mode,
+                dir_mode,
+                host_id=config.host_id,
+                stale_after=config.lease_stale_after,
             )
-        self.journal = WriteState(self.tier, config.lock_timeout)
+        # Writes behind wait in the local tier's journal, or the shared tier's
+        # (``write_tier="shared"``): the node reports both.
+        self.journals = [WriteState(self.tier, config.lock_timeout)]
+        if self.shared is not None:
+            self.journals.append(WriteState(self.shared, config.lock_timeout))
         self.directory = metrics_dir(self.tier.root)
         os.makedirs(self.directory, mode=self.tier.dir_mode, exist_ok=True)
 
@@ -77,10 +88,16 @@ class NodeReader:
         counts: Counter[str] = Counter()
         sizes: Counter[str] = Counter()
         oldest = 0.0
-        for record in self.journal.records():
-            counts[record.state] += 1
-            sizes[record.state] += record.size
-            oldest = max(oldest, now - record.created_at)
+        durability: dict[str, PendingUploads] = {}
+        for journal in self.journals:
+            records = journal.records()
+            for record in records:
+                counts[record.state] += 1
+                sizes[record.state] += record.size
+                oldest = max(oldest, now - record.created_at)
+            durability[journal.durability] = PendingUploads(
+                len(records), sum(r.size for r in records)
+            )
         pending = {
             state: PendingUploads(counts[state], sizes[state])
             for state in (*PENDING_STATES, *sorted(set(counts) - set(PENDING_STATES)))
@@ -91,4 +108,5 @@ class NodeReader:
             tiers=tiers,
             pending=pending,
             oldest_pending_age=oldest,
+            durability=durability,
         )

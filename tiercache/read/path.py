@@ -89,6 +89,7 @@ class ReadPath:
         # The dirty entry of a write pending in the journal, restored if damaged (entry id,
         # source): asked on a local miss, before the store (set by the runtime).
         self.pending_write: Callable[[str, str], CachedEntry | None] | None = None
+        self.pending_tier: LocalTier = tier  # the tier writes behind wait in (``write_tier``)
         forksafe.register(self)
 
     def after_fork(self) -> None:
@@ -103,6 +104,16 @@ class ReadPath:
     def cached(self, bucket: str, key: str) -> CachedEntry | None:
         """The published entry of an object, without validating it against the store."""
         return self._lookup(self._tier, bucket, key)
+
+    def cached_or_pending(self, bucket: str, key: str) -> CachedEntry | None:
+        """The local entry of an object, else the entry of a write of it that waits for its
+        upload in the shared tier (``write_tier="shared"``); neither is validated."""
+        entry = self.cached(bucket, key)
+        if entry is None and self.pending_tier is not self._tier:
+            entry = self._lookup(self.pending_tier, bucket, key)
+            if entry is not None and entry.meta.state != "dirty":
+                return None
+        return entry
 
     def cached_shared(self, bucket: str, key: str) -> CachedEntry | None:
         """The object's entry in the shared tier (None without one), not validated."""
@@ -188,7 +199,7 @@ class ReadPath:
         entry = self._pending(bucket, key)
         if entry is None:
             return None
-        opened = self._open_entry(self._tier, entry, "hits", bucket, key)
+        opened = self._open_entry(self.pending_tier, entry, "hits", bucket, key)
         if opened is None:
             raise CacheCorruptError(
                 f"{entry.meta.source}: the restored copy of a write not yet uploaded vanished "

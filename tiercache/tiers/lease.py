@@ -94,6 +94,24 @@ class Heartbeat:
 _HEARTBEAT = Heartbeat()
 
 
+def keep_alive(path: str, token: str, stale_after: float) -> None:
+    """Refresh the mtime of the file at ``path`` from this process's heartbeat until
+    ``stop_keeping_alive``: others judge it stale after ``stale_after`` seconds without."""
+    _HEARTBEAT.add(path, token, max(0.05, stale_after / 4))
+
+
+def stop_keeping_alive(path: str) -> None:
+    _HEARTBEAT.remove(path)
+
+
+def is_stale(path: str, stale_after: float) -> bool:
+    """True if the file at ``path`` went ``stale_after`` seconds without a heartbeat."""
+    try:
+        return time.time() - os.stat(path, follow_symlinks=False).st_mtime > stale_after
+    except FileNotFoundError:
+        return False
+
+
 class LeaseLock:
     """Acquire and release lease files for one tier (host identity and staleness policy)."""
 
@@ -141,12 +159,12 @@ class LeaseLock:
             raise
         finally:
             os.close(fd)
-        _HEARTBEAT.add(path, owner.token, max(0.05, self.stale_after / 4))
+        keep_alive(path, owner.token, self.stale_after)
         return owner.token
 
     def release(self, path: str, token: str) -> None:
         """Remove the lease if it is still ours (a breaker may have taken it over)."""
-        _HEARTBEAT.remove(path)
+        stop_keeping_alive(path)
         owner = LeaseOwner.read(path)
         if owner is not None and owner.token == token:
             with contextlib.suppress(FileNotFoundError):

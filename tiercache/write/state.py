@@ -16,8 +16,9 @@ On disk, in ``ROOT/journal/``::
     <id>.json            the record: bucket, key, generation, size, digest, state, error
     <id>.<g>.bytes       generation g's bytes: a hard link of the staged file, so a newer
                          write (a new inode) can never change what a record names
-    <id>.upload          flock of the one process changing the object in the store
-    <id>.<g>.up.<token>  the private link an upload reads from
+    <id>.upload          the claim of the one process changing the object in the store
+                         (a flock; a lease when the journal is on the shared tier)
+    <id>.<g>.up.claimed the private link the upload holding the claim reads from
     <id>.mpu             a multipart upload in flight (aborted when its uploader died)
 
 ``close()`` is acknowledged once the bytes, the published dirty entry and the record are
@@ -33,8 +34,8 @@ import json
 import logging
 import os
 import re
-import secrets
 import shutil
+import socket
 import stat
 import time
 from collections.abc import Callable, Iterator
@@ -55,7 +56,8 @@ from tiercache.tiers.entry import (
     write_atomically,
 )
 from tiercache.tiers.local import LocalTier, entry_files, fsync_dir, remove_file
-from tiercache.tiers.locks import lock, try_lock, unlock
+from tiercache.tiers.shared import SharedTier
+from tiercache.write.claims import claims_for
 from tiercache.write.staged import StagedObject
 
 RECORD_VERSION = 2
@@ -78,6 +80,7 @@ class Record:
     created_at: float
     state: RecordState = "dirty"
     error: str = ""
+    host: str = ""  # the host that committed it ("" in records written before hosts were)
     version: int = RECORD_VERSION
 
     @property
@@ -124,13 +127,16 @@ class StoreWrite:
 
 
 class WriteState:
-    """The write-behind journal of one local tier and the transitions of its records."""
+    """The write-behind journal of one tier (local, or shared by many hosts) and the
+    transitions of its records."""
 
     def __init__(self, tier: LocalTier, lock_timeout: float) -> None:
         self.tier = tier
         self.dir = os.path.join(tier.root, "journal")
         os.makedirs(self.dir, mode=tier.dir_mode, exist_ok=True)
         self._mode = tier.file_mode
+        self._claims = claims_for(tier)
+        self.host = tier.host_id if isinstance(tier, SharedTier) else socket.gethostname()
         self.lock_timeout = lock_timeout
 
     # -- names -------------------------------------------------------------------------------
@@ -203,6 +209,7 @@ class WriteState:
                 digest=staged.digest,
                 generation=generation,
                 created_at=now,
+                host=self.host,
             )
             meta = _dirty_meta(record)
             own_bytes = self.bytes_path(staged.entry_id, generation)
@@ -227,7 +234,7 @@ class WriteState:
                 if isinstance(exc, OSError) and is_no_space(exc):
                     raise tier_full(
                         exc,
-                        f"no space left in the local tier to commit {record.name}; "
+                        f"no space left in the {self.tier.name} tier to commit {record.name}; "
                         "nothing of this write will be uploaded",
                         self.tier.root,
                     ) from exc
@@ -450,21 +457,31 @@ class WriteState:
 
     # -- the upload claim --------------------------------------------------------------------
 
-    def try_claim(self, entry_id: str) -> int | None:
-        return try_lock(self.path(entry_id, "upload"), self._mode)
+    def try_claim(self, entry_id: str) -> object | None:
+        return self._claims.try_take(self.path(entry_id, "upload"))
 
-    def claim(self, entry_id: str, timeout: float) -> int:
-        return lock(self.path(entry_id, "upload"), self._mode, timeout, "uploading it")
+    def claim(self, entry_id: str, timeout: float) -> object:
+        return self._claims.take(self.path(entry_id, "upload"), timeout)
 
-    def release(self, entry_id: str, claim: int) -> None:
-        """Give the claim back; its file goes (waiters notice the new inode and retry)."""
-        remove_file(self.path(entry_id, "upload"))
-        unlock(claim)
+    def release(self, entry_id: str, claim: object) -> None:
+        self._claims.give_back(self.path(entry_id, "upload"), claim)
+
+    def upload_holder(self, entry_id: str) -> str | None:
+        """The host whose process holds the object's upload claim now, if any."""
+        return self._claims.holder(self.path(entry_id, "upload"))
+
+    @property
+    def durability(self) -> str:
+        """Where an acknowledged write of this journal survives until its upload: ``local``
+        (this host's disk) or ``shared`` (the shared filesystem every host mounts)."""
+        return "shared" if isinstance(self.tier, SharedTier) else "local"
 
     def upload_copy(self, record: Record) -> str | None:
         """A private link of exactly ``record``'s bytes to upload from; None if they are gone.
-        Hold the claim; remove the link when done."""
-        private = self.path(record.entry_id, f"{record.generation}.up.{secrets.token_hex(4)}")
+        Hold the claim; remove the link when done. A link of the same name is a dead
+        uploader's: the claim it held was taken over (or its process died)."""
+        private = self.path(record.entry_id, f"{record.generation}.up.claimed")
+        remove_file(private)
         try:
             _link_or_copy(self.bytes_path(record.entry_id, record.generation), private)
             return private

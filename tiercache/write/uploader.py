@@ -488,7 +488,7 @@ class Uploader:
             return
         self._state.failed(
             record,
-            f"its checkpoint was never committed: process {holder}, which held it until every "
+            f"its checkpoint was never committed: {holder}, which held it until every "
             "rank's files were in the store, is gone; save the checkpoint again, or discard it",
         )
         self._stats.add("uploads_failed")
