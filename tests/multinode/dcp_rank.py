@@ -53,7 +53,7 @@ class Rank:
         self.events.send({"rank": self.rank, "event": event, "t": time.time(), **detail})
 
     def options(self, local_dir: str) -> dict[str, Any]:
-        return {"s3": self.s3, "tiercache": {"local_dir": local_dir}}
+        return {"s3": self.s3, "tiercache": {"local_dir": local_dir, **self.job["tiercache"]}}
 
     def url(self, step: int) -> str:
         return f"tiercache::s3://{self.bucket}/ckpt/step-{step}"
@@ -70,13 +70,14 @@ class Rank:
         listed = client.list_objects_v2(Bucket=self.bucket, Prefix=f"ckpt/step-{step}/")
         return sorted(o["Key"] for o in listed.get("Contents", []))
 
-    def save(self, step: int, durable: bool) -> None:
+    def save(self, step: int, durable: bool, level: str = "store") -> None:
         dcp_save(
             rank_state(self.rank, step),
             self.url(step),
             storage_options=self.options(self.job["local_dir"]),
             durable=durable,
             timeout=self.job["timeout"],
+            level=level,  # type: ignore[arg-type]
         )
         self.emit("saved", step=step, durable=durable, stored=self.stored(step))
 
@@ -93,7 +94,8 @@ class Rank:
         want = rank_state(self.rank, step)
         got = {name: torch.zeros_like(t) for name, t in want.items()}
         fresh = f"{self.job['local_dir']}-load-{step}"
-        dcp_load(got, self.url(step), storage_options=self.options(fresh))
+        options = {"s3": self.s3, "tiercache": {"local_dir": fresh}}  # no shared tier
+        dcp_load(got, self.url(step), storage_options=options)
         equal = all(torch.equal(got[name], t) for name, t in want.items())
         self.emit("loaded", step=step, equal=equal)
 
@@ -127,7 +129,7 @@ def run_rank(job: dict[str, Any], events: Connection) -> None:
     try:
         for action, step, *rest in job["steps"]:
             if action == "save":
-                node.save(step, durable=bool(rest[0]))
+                node.save(step, bool(rest[0]), *rest[1:])
             else:
                 getattr(node, action)(step)
     except CheckpointCommitError as exc:

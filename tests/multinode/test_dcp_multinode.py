@@ -56,8 +56,17 @@ class Ranks:
     """Three rank processes and the events they send, in the order they came."""
 
     def __init__(
-        self, s3: Any, bucket: str, tmp_path: Path, steps: list[list[Any]], rank2_endpoint: str
+        self,
+        s3: Any,
+        bucket: str,
+        tmp_path: Path,
+        steps: list[list[Any]],
+        rank2_endpoint: str,
+        tiercache: Callable[[int], dict[str, Any]] = lambda rank: {},
+        endpoint: str | None = None,
     ) -> None:
+        """``tiercache``: each rank's extra options; ``endpoint``: every rank's store (by
+        default rank 2's is ``rank2_endpoint`` and the others' the server)."""
         self.tmp_path = tmp_path
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.seen: list[dict[str, Any]] = []
@@ -75,7 +84,8 @@ class Ranks:
                 "timeout": 60,
                 "bucket": bucket,
                 "local_dir": str(self.local_dir(rank)),
-                "endpoint": rank2_endpoint if rank == 2 else s3.endpoint,
+                "endpoint": endpoint or (rank2_endpoint if rank == 2 else s3.endpoint),
+                "tiercache": tiercache(rank),
                 "direct_endpoint": s3.endpoint,
                 "key": s3.key,
                 "secret": s3.secret,
@@ -333,3 +343,98 @@ def test_a_killed_coordinator_leaves_its_marker_held(
     keys = _keys(client, bucket, 2)
     assert _has_every_rank(keys, 2), keys
     assert _marker(2) not in keys
+
+
+# Ranks 0 and 1 on host A, rank 2 on host B, staging their writes on one shared tier.
+_HOST_OF = {0: "hostA", 1: "hostA", 2: "hostB"}
+_STALE = 2.0  # lease_stale_after: another host takes over a lost host's claims and holds
+
+
+def _on_shared_tier(tmp_path: Path) -> Callable[[int], dict[str, Any]]:
+    def options(rank: int) -> dict[str, Any]:
+        return {
+            "shared_dir": str(tmp_path / "shared"),
+            "write_tier": "shared",
+            "host_id": _HOST_OF[rank],
+            "lease_stale_after": _STALE,
+            "retries": 1,
+        }
+
+    return options
+
+
+def _host_b(s3: Any, endpoint: str, tmp_path: Path) -> TierCacheFileSystem:
+    """A process of host B on the shared tier (as `tiercache flush` there would be)."""
+    return TierCacheFileSystem(
+        target_options={**s3.target_options(), "endpoint_url": endpoint},
+        local_dir=str(tmp_path / "hostB-flush"),
+        shared_dir=str(tmp_path / "shared"),
+        write_tier="shared",
+        host_id="hostB",
+        lease_stale_after=_STALE,
+        skip_instance_cache=True,
+    )
+
+
+def _refuse_uploads(proxy: FaultProxy) -> None:
+    for method in ("PUT", "POST"):
+        proxy.fail_next(10**6, 503, method=method)
+
+
+def test_a_save_durable_on_the_shared_tier_is_committed_from_another_host(
+    s3: Any, bucket: str, proxy: FaultProxy, tmp_path: Path, launch: Any
+) -> None:
+    client = s3.client()
+    _refuse_uploads(proxy)  # nothing reaches the store while the ranks live
+    steps = [["save", 1, True, "shared"], ["gate", 1]]
+    ranks = launch(s3, bucket, tmp_path, steps, proxy.url, _on_shared_tier(tmp_path), proxy.url)
+    ranks.wait_for("saved", step=1)  # every rank returned: durable on the shared tier
+    for rank in range(WORLD):
+        (saved,) = ranks.of("saved", rank)
+        assert saved["stored"] == []  # none of it in the store yet
+    ranks.kill(0)
+    ranks.kill(1)  # host A is lost, the coordinator with it
+    ranks.kill(2)  # and host B's rank: the shared tier alone holds the checkpoint
+    proxy.clear()
+    violations: list[list[str]] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            keys = _keys(client, bucket, 1)
+            if _marker(1) in keys and not _has_every_rank(keys, 1):
+                violations.append(sorted(keys))
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        _host_b(s3, proxy.url, tmp_path).flush(timeout=BOUND)
+    finally:
+        done.set()
+        watcher.join()
+    assert violations == []
+    keys = _keys(client, bucket, 1)
+    assert _marker(1) in keys and _has_every_rank(keys, 1), keys
+    _assert_loads(s3, bucket, 1, tmp_path / "load-tier")
+
+
+def test_a_coordinator_lost_before_the_commit_leaves_no_metadata_in_the_store(
+    s3: Any, bucket: str, proxy: FaultProxy, tmp_path: Path, launch: Any
+) -> None:
+    client = s3.client()
+    _refuse_uploads(proxy)
+    steps = [["save", 2, False], ["gate", 2]]  # the coordinator holds .metadata back
+    ranks = launch(s3, bucket, tmp_path, steps, proxy.url, _on_shared_tier(tmp_path), proxy.url)
+    ranks.wait_for("saved", step=2)
+    ranks.kill(0)
+    ranks.kill(1)  # host A, the coordinator's, is lost before wait_durable
+    proxy.clear()
+    survivor = _host_b(s3, proxy.url, tmp_path)
+    # The data files go; the marker, whose holder's heartbeat stopped, is never committed.
+    with pytest.raises(UploadFailedError, match=r"\.metadata.*never committed"):
+        survivor.flush(timeout=BOUND)
+    keys = _keys(client, bucket, 2)
+    assert _has_every_rank(keys, 2), keys
+    assert _marker(2) not in keys
+    (tmp_path / "go-2").touch()
