@@ -10,11 +10,19 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
+import select
+import socket
+import subprocess
+import sys
+import threading
 import time
+import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
-from cephfs_hosts import CephFS, Hosts, fill_quota
+from cephfs_hosts import CephFS, Hosts, on_host
 from support.proxy import FaultProxy
 
 pytestmark = [
@@ -26,6 +34,13 @@ pytestmark = [
 
 MiB = 1024 * 1024
 STALE = 3.0  # lease_stale_after of every process
+RANK_SCRIPT = Path(__file__).resolve().parent / "dcp_host_rank.py"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _store_sha256(s3_client: Any, path: str) -> str:
@@ -110,21 +125,152 @@ def test_a_lost_host_s_multipart_upload_is_taken_over_and_leaves_nothing_behind(
         cephfs.remount("hostA")
 
 
-def test_a_shared_tier_out_of_quota_refuses_the_write_and_keeps_the_previous_version(
-    hosts: Hosts, proxy: FaultProxy, bucket: str, s3_client: Any
+class _Rank:
+    """A DCP rank on one host (``dcp_host_rank.py``), its job sent on stdin."""
+
+    def __init__(self, host: str, job: dict[str, Any]) -> None:
+        self.host = host
+        self.proc = subprocess.Popen(
+            on_host(host, [sys.executable, str(RANK_SCRIPT)]),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+
+    def outcome(self, timeout: float = 300) -> str:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            readable, _, _ = select.select([self.proc.stdout], [], [], 1.0)
+            if readable:
+                line = self.proc.stdout.readline()
+                if not line:
+                    return f"exited {self.proc.wait()}"
+                if line.startswith("@@"):
+                    return line[2:].strip()
+        return "no answer"
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(30)
+
+
+def _save_on_two_hosts(
+    hosts: Hosts, tmp_path: Path, bucket: str, durable: bool, level: str
+) -> list[_Rank]:
+    """Ranks 0 (the coordinator) and 1 on host A, rank 2 on host B; all saved."""
+    port = _free_port()
+    ranks = []
+    for rank, host in enumerate(("hostA", "hostA", "hostB")):
+        tiercache = {
+            "local_dir": str(tmp_path / f"rank{rank}-local"),
+            "shared_dir": str(hosts.shared(host)),
+            "write_tier": "shared",
+            "lease_stale_after": STALE,
+            "retries": 1,
+        }
+        job = {
+            "rank": rank,
+            "world": 3,
+            "port": port,
+            "url": f"tiercache::s3://{bucket}/ckpt/step-3",
+            "storage_options": {"s3": hosts.options, "tiercache": tiercache},
+            "durable": durable,
+            "level": level,
+        }
+        ranks.append(_Rank(host, job))
+    outcomes = [rank.outcome() for rank in ranks]
+    assert outcomes == ["saved"] * 3, outcomes
+    return ranks
+
+
+def _lose_ranks(ranks: list[_Rank], cephfs: CephFS, host: str) -> None:
+    for rank in ranks:
+        if rank.host == host:
+            rank.kill()
+    cephfs.crash(host)
+
+
+def _watch_marker(s3_client: Any, bucket: str, violations: list[list[str]]) -> Any:
+    """A thread that records every listing showing .metadata without all three data files."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            listed = s3_client.list_objects_v2(Bucket=bucket, Prefix="ckpt/step-3/")
+            keys = sorted(o["Key"] for o in listed.get("Contents", []))
+            data = [k for k in keys if k.endswith(".distcp")]
+            if "ckpt/step-3/.metadata" in keys and len(data) < 3:
+                violations.append(keys)
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return done, thread
+
+
+def test_a_checkpoint_saved_at_the_shared_level_is_completed_after_its_coordinator_s_host_is_lost(
+    hosts: Hosts, cephfs: CephFS, proxy: FaultProxy, bucket: str, s3_client: Any, tmp_path: Path
 ) -> None:
-    path = f"{bucket}/ckpt/latest.pt"
-    s3_client.put_object(Bucket=bucket, Key="ckpt/latest.pt", Body=b"previous")
-    shared = hosts.shared("hostA")
-    writer = hosts.start("hostA", write_tier="shared")
-    assert (
-        writer.call("cat", paths=[path])["sha256"][path] == hashlib.sha256(b"previous").hexdigest()
-    )
-    fill_quota(shared, [shared])  # 4 MiB of other data, and a quota of 4 MiB
-    refused = writer.call("write_behind", sizes={path: 64 * MiB}, timeout=600)
-    assert "TierFullError" in refused.get("mro", []), refused
-    assert writer.call("pending")["rows"] == []
-    assert (
-        writer.call("cat", paths=[path])["sha256"][path] == hashlib.sha256(b"previous").hexdigest()
-    )
-    assert _store_sha256(s3_client, path) == hashlib.sha256(b"previous").hexdigest()
+    torch = pytest.importorskip("torch", reason="the DCP adapter needs the tiercache[torch] extra")
+    from dcp_host_rank import rank_state
+    from tiercache.adapters.torch_checkpoint import dcp_load
+
+    for method in ("PUT", "POST"):  # the ranks' uploads are refused while host A lives
+        proxy.fail_next(10**6, status=503, method=method)
+    ranks = _save_on_two_hosts(hosts, tmp_path, bucket, durable=True, level="shared")
+    violations: list[list[str]] = []
+    try:
+        _lose_ranks(ranks, cephfs, "hostA")  # the coordinator and rank 1
+        done, watcher = _watch_marker(s3_client, bucket, violations)
+        proxy.clear()
+        flusher = hosts.start("hostB", write_tier="shared", lease_stale_after=STALE)
+        assert flusher.call("flush", seconds=540, timeout=600) == {}
+        done.set()
+        watcher.join()
+    finally:
+        for rank in ranks:
+            rank.kill()
+        cephfs.remount("hostA")
+    assert violations == []
+    listed = s3_client.list_objects_v2(Bucket=bucket, Prefix="ckpt/step-3/")
+    keys = sorted(o["Key"] for o in listed.get("Contents", []))
+    assert "ckpt/step-3/.metadata" in keys and len(keys) == 4, keys
+    want = {k: v for r in range(3) for k, v in rank_state(r).items()}
+    got = {k: torch.zeros_like(v) for k, v in want.items()}
+    options = {"s3": hosts.options, "tiercache": {"local_dir": str(tmp_path / "load")}}
+    with warnings.catch_warnings():  # torch: "assuming the intent is to load in a single process"
+        warnings.simplefilter("ignore", UserWarning)
+        dcp_load(got, f"tiercache::s3://{bucket}/ckpt/step-3", storage_options=options)
+    assert all(got[k].equal(v) for k, v in want.items())
+
+
+def test_a_coordinator_s_host_lost_before_the_commit_leaves_no_metadata_in_the_store(
+    hosts: Hosts, cephfs: CephFS, proxy: FaultProxy, bucket: str, s3_client: Any, tmp_path: Path
+) -> None:
+    for method in ("PUT", "POST"):
+        proxy.fail_next(10**6, status=503, method=method)
+    # durable=False: the coordinator holds .metadata back until a wait_durable that never comes.
+    ranks = _save_on_two_hosts(hosts, tmp_path, bucket, durable=False, level="store")
+    violations: list[list[str]] = []
+    try:
+        _lose_ranks(ranks, cephfs, "hostA")
+        done, watcher = _watch_marker(s3_client, bucket, violations)
+        proxy.clear()
+        flusher = hosts.start("hostB", write_tier="shared", lease_stale_after=STALE)
+        refused = flusher.call("flush", seconds=540, timeout=600)
+        done.set()
+        watcher.join()
+    finally:
+        for rank in ranks:
+            rank.kill()
+        cephfs.remount("hostA")
+    assert "UploadFailedError" in refused.get("mro", []), refused
+    assert violations == []
+    listed = s3_client.list_objects_v2(Bucket=bucket, Prefix="ckpt/step-3/")
+    keys = sorted(o["Key"] for o in listed.get("Contents", []))
+    assert len([k for k in keys if k.endswith(".distcp")]) == 3, keys  # the data went
+    assert "ckpt/step-3/.metadata" not in keys  # the commit never did

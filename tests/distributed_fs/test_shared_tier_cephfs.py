@@ -317,3 +317,22 @@ def test_processes_on_two_hosts_listing_one_prefix_share_one_listing(
     start_all([newcomer])
     newcomer.ready()
     assert newcomer.call("find", path=f"{bucket}/big")["count"] == len(keys) + 1
+
+
+def test_a_shared_tier_out_of_quota_refuses_the_write_and_keeps_the_previous_version(
+    hosts: Hosts, bucket: str, s3_client: Any
+) -> None:
+    """write_tier="shared": EDQUOT while a write is staged makes it raise TierFullError."""
+    path = f"{bucket}/ckpt/latest.pt"
+    s3_client.put_object(Bucket=bucket, Key="ckpt/latest.pt", Body=b"previous")
+    previous = hashlib.sha256(b"previous").hexdigest()
+    shared = hosts.shared("hostA")
+    writer = hosts.start("hostA", write_tier="shared")
+    assert writer.call("cat", paths=[path])["sha256"][path] == previous
+    fill_quota(shared, [shared])  # 4 MiB of other data, and a quota of 4 MiB
+    refused = writer.call("write_behind", sizes={path: 64 * MiB}, timeout=600)
+    assert "TierFullError" in refused.get("mro", []), refused
+    assert writer.call("pending")["rows"] == []
+    assert writer.call("cat", paths=[path])["sha256"][path] == previous
+    stored = s3_client.get_object(Bucket=bucket, Key="ckpt/latest.pt")["Body"].read()
+    assert hashlib.sha256(stored).hexdigest() == previous
