@@ -40,9 +40,16 @@ MODES = (
     "boto3_upload_fileobj_c32",
 )
 BOTO3_MODES = tuple(m for m in MODES if m.startswith("boto3"))
+# With --shared-dir: a plain write + fsync into that filesystem, and tiercache staging its
+# writes behind there (write_tier="shared").
+SHARED_MODES = ("shared_write_fsync", "tiercache_shared")
 HIGH_CONCURRENCY = 32  # boto3_upload_fileobj_c32: parts in flight per file
 
 NOTES = (
+    "With --shared-dir: shared_write_fsync = local_write_fsync into a fresh directory of that "
+    "filesystem; tiercache_shared = tiercache with write_tier='shared', its shared tier a fresh "
+    "directory there (close() returns once the bytes and the journal record are durable there). "
+    "The two run after the other modes, in turns: each goes first every other repeat.",
     "A checkpoint = --files files of random bytes (generated once, kept in memory), each written "
     "sequentially in 8 MiB writes; every mode writes the same bytes.",
     "block_s = wall time from the first open to the last close() returning (the time a training "
@@ -127,8 +134,10 @@ class Context:
     def total_bytes(self) -> int:
         return sum(len(f.data) for f in self.files)
 
-    def fresh_dir(self, label: str) -> Path:
-        return Path(tempfile.mkdtemp(prefix=f"{label}-", dir=self.tmp))
+    def fresh_dir(self, label: str, shared: bool = False) -> Path:
+        """A new directory in the local temporary one, or (``shared``) in --shared-dir."""
+        where = self.args.shared_dir if shared else self.tmp
+        return Path(tempfile.mkdtemp(prefix=f"{label}-", dir=where))
 
     def fresh_prefix(self, mode: str) -> str:
         return f"checkpoints/{mode}-{uuid.uuid4().hex[:8]}"
@@ -149,7 +158,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="do not prime the page cache before each mode (see the notes printed)",
     )
+    p.add_argument(
+        "--shared-dir",
+        metavar="DIR",
+        help="also write plain files with fsync into DIR, a shared filesystem (a CephFS "
+        "mount), and stage tiercache's writes there (write_tier='shared'): the blocking time "
+        "of the one held against the other",
+    )
     args = p.parse_args(argv)
+    if args.shared_dir is not None and not os.path.isdir(args.shared_dir):
+        p.error(f"--shared-dir {args.shared_dir} is not a directory")
     if args.quick:
         args.files, args.total_mib = 4, 64
     if args.files < 1 or args.total_mib <= 0 or args.repeat < 1:
@@ -289,9 +307,10 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def run_local(ctx: Context, mode: str, fsync: bool) -> None:
-    """Write into a fresh directory next to the tiers; fsync each file and the directory."""
-    out_dir = ctx.fresh_dir(mode)
+def run_local(ctx: Context, mode: str, fsync: bool, shared: bool = False) -> None:
+    """Write into a fresh directory next to the tiers (``shared``: in --shared-dir); fsync
+    each file and the directory."""
+    out_dir = ctx.fresh_dir(mode, shared)
 
     def close(handle: Any) -> None:
         if fsync:
@@ -317,14 +336,22 @@ def run_local(ctx: Context, mode: str, fsync: bool) -> None:
         shutil.rmtree(out_dir, ignore_errors=True)
 
 
-def make_tiercache_fs(ctx: Context, local_dir: Path, write_mode: str) -> Any:
+def make_tiercache_fs(
+    ctx: Context, local_dir: Path, write_mode: str, shared_dir: Path | None = None
+) -> Any:
+    budget = 4 * ctx.total_bytes + 64 * MiB  # the dirty budget (half of it) never throttles
+    staging: dict[str, Any] = {}
+    if shared_dir is not None:
+        staging = {"shared_dir": str(shared_dir), "shared_max_bytes": budget}
+        staging["write_tier"] = "shared"
     fs = fsspec.filesystem(
         "tiercache",
         local_dir=str(local_dir),
         target_options=ctx.endpoint.target_options(),
         skip_instance_cache=True,
-        local_max_bytes=4 * ctx.total_bytes + 64 * MiB,  # dirty budget (half) never throttles
+        local_max_bytes=budget,
         write_mode=write_mode,
+        **staging,
     )
     common.build_client_now(fs)
     return fs
@@ -336,10 +363,12 @@ def check_nothing_pending(mode: str, fs: Any) -> None:
         raise VerifyError(f"{mode}: fs.pending() is not empty after flush: {pending}")
 
 
-def run_tiercache(ctx: Context, mode: str, write_mode: str) -> None:
-    """Write through a fresh tier; time until the last close() and until fs.flush returns."""
+def run_tiercache(ctx: Context, mode: str, write_mode: str, shared: bool = False) -> None:
+    """Write through a fresh tier (``shared``: staged on a fresh shared tier in --shared-dir);
+    time until the last close() and until fs.flush returns."""
     tier_dir = ctx.fresh_dir(mode)
-    fs = make_tiercache_fs(ctx, tier_dir, write_mode)
+    shared_dir = ctx.fresh_dir(mode, shared=True) if shared else None
+    fs = make_tiercache_fs(ctx, tier_dir, write_mode, shared_dir)
     prefix = ctx.fresh_prefix(mode)
     root = f"{ctx.bucket}/{prefix}"
 
@@ -357,6 +386,8 @@ def run_tiercache(ctx: Context, mode: str, write_mode: str) -> None:
     finally:
         delete_prefix(ctx, prefix)
         shutil.rmtree(tier_dir, ignore_errors=True)
+        if shared_dir is not None:
+            shutil.rmtree(shared_dir, ignore_errors=True)
 
 
 def run_fsspec_s3(ctx: Context, mode: str, s3: Any) -> None:
@@ -412,6 +443,15 @@ def run_repeat(ctx: Context, s3: Any, c32_client: Any) -> None:
     run_boto3(ctx, "boto3_upload_fileobj_parallel", True, ctx.store_client, default)
     high = TransferConfig(max_concurrency=HIGH_CONCURRENCY)
     run_boto3(ctx, "boto3_upload_fileobj_c32", True, c32_client, high)
+    if ctx.args.shared_dir is not None:
+        shared = [
+            lambda: run_local(ctx, "shared_write_fsync", fsync=True, shared=True),
+            lambda: run_tiercache(ctx, "tiercache_shared", "behind", shared=True),
+        ]
+        if len(ctx.samples.get("tiercache_shared", ())) % 2:
+            shared.reverse()  # each goes first every other repeat: neither always follows S3
+        for run in shared:
+            run()
 
 
 # -- results -----------------------------------------------------------------------------------
@@ -442,7 +482,9 @@ def sample_dict(sample: Sample) -> dict[str, Any]:
 def summarize(ctx: Context) -> dict[str, dict[str, Any]]:
     total = ctx.total_bytes
     modes = {}
-    for mode in MODES:
+    for mode in (*MODES, *SHARED_MODES):
+        if mode not in ctx.samples:
+            continue  # a shared mode without --shared-dir
         samples = ctx.samples[mode]
         durable = statistics.median(s.timing.durable_s for s in samples)
         modes[mode] = {
@@ -490,6 +532,14 @@ RATIOS = (
         "durable_s",
         ("local_write_nofsync",),
     ),
+    Ratio(
+        "tiercache_shared block / shared_write_fsync",
+        "tiercache_shared",
+        "block_s",
+        ("shared_write_fsync",),
+        1.2,
+    ),
+    Ratio("tiercache_shared durable / fastest boto3", "tiercache_shared", "durable_s", BOTO3_MODES),
 )
 
 
@@ -497,6 +547,8 @@ def ratios(modes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Time ratios (lower is better); the baseline is the fastest of the ratio's baselines."""
     rows = []
     for ratio in RATIOS:
+        if ratio.numerator not in modes:
+            continue  # the shared modes run only with --shared-dir
         baseline = min(ratio.baselines, key=lambda m: modes[m][ratio.column])
         value = modes[ratio.numerator][ratio.column] / modes[baseline][ratio.column]
         row: dict[str, Any] = {"name": ratio.name, "value": round(value, 3)}
@@ -589,6 +641,10 @@ def benchmark_through(ctx: Context, profile: dict[str, Any]) -> dict[str, Any]:
             "repeat": args.repeat,
             "statistic": "median",
             "store_profile": profile,
+            "shared_dir": args.shared_dir,
+            "shared_filesystem": common.filesystem_type(args.shared_dir)
+            if args.shared_dir
+            else None,
         },
         "machine": common.machine_info(ctx.endpoint),
         "modes": modes,

@@ -405,6 +405,25 @@ def print_baseline_checks(checks: dict[str, Any]) -> None:
 # -- results -----------------------------------------------------------------------------------
 
 
+def filesystem_type(path: str) -> str:
+    """The type of the filesystem ``path`` is on, from /proc/mounts ("unknown" elsewhere)."""
+    real = os.path.realpath(path)
+    best, kind = "", "unknown"
+    try:
+        with open("/proc/mounts") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = fields[1].replace("\\040", " ")
+                inside = real == point or real.startswith(point.rstrip("/") + "/")
+                if inside and len(point) > len(best):
+                    best, kind = point, fields[2]
+    except OSError:
+        pass
+    return kind
+
+
 def package_version(name: str) -> str:
     try:
         return version(name)

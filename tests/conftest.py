@@ -33,6 +33,7 @@ os.environ.setdefault("TIERCACHE_EXIT_FLUSH_TIMEOUT", "2")
 
 # ``support`` (tests/support) is importable because pytest puts this file's directory on the
 # import path; nothing else is added to it.
+from support.cephfs_fixtures import cephfs, cephfs_dir, hosts  # noqa: E402, F401
 from support.proxy import FaultProxy  # noqa: E402
 from support.s3server import s3server  # noqa: E402
 from support.servers_under_test import OwnServer, S3Endpoint  # noqa: E402

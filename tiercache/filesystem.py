@@ -40,7 +40,6 @@ from tiercache.prefetch import Budget, PrefetchHandle, ReadAhead
 from tiercache.prefetch.targets import check_tier, expand
 from tiercache.read.fetch import Fetch
 from tiercache.read.files import DirectFile, SeekableReader
-from tiercache.read.path import source_url
 from tiercache.runtime import runtime_for
 from tiercache.store.base import ObjectInfo, ObjectStore
 from tiercache.store.s3_options import STORE_OPTION_NAMES, S3Options
@@ -49,7 +48,7 @@ from tiercache.tiers.local import EvictionReport, LocalTier
 from tiercache.transaction import TransactionFile
 from tiercache.write.keys import check_writable_key
 from tiercache.write.reconcile import reconcile
-from tiercache.write.staged import Committer, StagedObject, StagedWriteFile
+from tiercache.write.staged import StagedWriteFile
 
 try:  # fsspec >= 2025.x marks filesystems meant to be chained (``tiercache::s3://``)
     from fsspec.implementations.chained import ChainedFileSystem as _Chained
@@ -198,22 +197,7 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
             check_writable_key(path, key)
             if mode == "xb" and self._exists_now(bucket, key):
                 raise FileExistsError(17, "object exists", path)
-            on_close = None
-            stream = None
-            if self.config.write_mode == "behind":
-                commit: Committer = self._runtime.write_behind
-                self._runtime.uploader.writer_opened()
-                on_close = self._runtime.uploader.writer_closed
-                if self.config.upload_while_writing != "off":
-                    stream = self._runtime.uploader.streamer(bucket, key)
-            else:
-                commit = self._runtime.write_through
-            try:
-                staged = self._staged_file(bucket, key, commit, on_close, stream)
-            except BaseException:
-                if on_close is not None:
-                    on_close()
-                raise
+            staged = self._runtime.write_path.open(bucket, key)
             # Inside ``with fs.transaction:`` fsspec commits (or discards) it at the end.
             return staged if autocommit else TransactionFile(staged)
         raise ValueError(
@@ -231,46 +215,6 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         kwargs.pop("maxdepth", None)  # the paths are expanded: what is left is cat_file's
         with self.read_ahead(paths, k=len(paths)):
             return super().cat(paths, on_error=on_error, **kwargs)
-
-    def _staged_file(
-        self,
-        bucket: str,
-        key: str,
-        commit: Committer,
-        on_close: Callable[[], None] | None = None,
-        stream: Any = None,
-    ) -> StagedWriteFile:
-        """A file staged in the tier whose ``close()`` commits it, then forgets what the
-        metadata cache knew of the key (the store or the tier now has the new version)."""
-        behind = commit is self._runtime.write_behind
-        staging = self._runtime.write_state.tier if behind else self.tier
-        if staging is self.tier:
-            # The local tier will hold the new bytes; the shared tier's old copy must not
-            # outlive them there (an immutable reader would be served it after eviction).
-            self.read_path.invalidate_shared(bucket, key)
-
-        def commit_and_forget(staged: StagedObject) -> dict[str, Any]:
-            try:
-                done = commit(staged)
-            finally:
-                self._meta.invalidate(bucket, [key])
-            if staging is not self.tier:
-                # The shared tier holds the new bytes: this host's copy of the old ones goes
-                # (a reader that misses here is served the pending write).
-                self.tier.invalidate(staged.entry_id, self.config.lock_timeout)
-            return done
-
-        return StagedWriteFile(
-            f"{bucket}/{key}",
-            bucket,
-            key,
-            tier=staging,
-            entry_id=self.read_path.entry_id(bucket, key),
-            source=source_url(bucket, key),
-            commit=commit_and_forget,
-            on_close=on_close,
-            stream=stream,
-        )
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         bucket, key = self.split_path(path)
@@ -480,7 +424,7 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         if size > self.tier.fill_limit():
             return False
         try:
-            staged = self._staged_file(bucket, key, self._runtime.write_through)
+            staged = self._runtime.write_path.open(bucket, key, through=True)
         except TierFullError:
             return False
         try:

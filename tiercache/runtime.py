@@ -27,8 +27,9 @@ from tiercache.store.retry import RetryPolicy
 from tiercache.store.s3 import S3Store
 from tiercache.store.s3_options import S3Options
 from tiercache.tiers.local import LocalTier
-from tiercache.tiers.shared import SharedTier
+from tiercache.tiers.shared import SharedTier, shared_tier_of
 from tiercache.write.behind import WriteBehind
+from tiercache.write.path import WritePath
 from tiercache.write.state import WriteState
 from tiercache.write.through import WriteThrough
 from tiercache.write.uploader import Uploader
@@ -51,6 +52,7 @@ class CacheRuntime:
     uploader: Uploader
     write_behind: WriteBehind
     write_through: WriteThrough
+    write_path: WritePath
     prefetch: PrefetchEngine
 
 
@@ -84,7 +86,7 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
         low_watermark=config.low_watermark,
         min_free_bytes=config.min_free_bytes,
     )
-    shared = _shared_tier(config)
+    shared = shared_tier_of(config)
     stats = Stats()
     tier.stats = stats
     staging = shared if config.write_tier == "shared" and shared is not None else tier
@@ -134,6 +136,8 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
     read_path.pending_tier = staging
     if write_state.record_ids():  # once its hooks are set
         uploader.start()  # finish what a crashed or exited process left in the journal
+    write_through = WriteThrough(store, write_state, stats)
+    write_path = WritePath(config, tier, uploader, write_behind, write_through, read_path, metadata)
     runtime = CacheRuntime(
         config=config,
         store=store,
@@ -147,30 +151,14 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
         commit_holds=holds,
         uploader=uploader,
         write_behind=write_behind,
-        write_through=WriteThrough(store, write_state, stats),
+        write_through=write_through,
+        write_path=write_path,
         prefetch=PrefetchEngine(config, read_path, tier, store, stats),
     )
     # The node's metrics (``tiercache metrics``) count this cache's work while it lives.
     counters = publish.cache_counters(stats, store)
     publish.track(tier.root, runtime, counters, tier.file_mode, tier.dir_mode)
     return runtime
-
-
-def _shared_tier(config: TierCacheConfig) -> SharedTier | None:
-    if config.shared_dir is None:
-        return None
-    file_mode, dir_mode = config.shared_modes
-    return SharedTier(
-        config.shared_dir,
-        config.shared_max_bytes,
-        file_mode,
-        dir_mode,
-        host_id=config.host_id,
-        stale_after=config.lease_stale_after,
-        high_watermark=config.high_watermark,
-        low_watermark=config.low_watermark,
-        min_free_bytes=config.min_free_bytes,
-    )
 
 
 def _s3_store(config: TierCacheConfig, options: S3Options) -> S3Store:

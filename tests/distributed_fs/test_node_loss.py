@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cephfs_hosts import CephFS, Hosts, on_host
+from support.cephfs_hosts import CephFS, Hosts, on_host
 from support.proxy import FaultProxy
 
 pytestmark = [
@@ -194,14 +194,18 @@ def _lose_ranks(ranks: list[_Rank], cephfs: CephFS, host: str) -> None:
     cephfs.crash(host)
 
 
+def _stored_keys(s3_client: Any, bucket: str) -> list[str]:
+    listed = s3_client.list_objects_v2(Bucket=bucket, Prefix="ckpt/step-3/")
+    return sorted(o["Key"] for o in listed.get("Contents", []))
+
+
 def _watch_marker(s3_client: Any, bucket: str, violations: list[list[str]]) -> Any:
     """A thread that records every listing showing .metadata without all three data files."""
     done = threading.Event()
 
     def watch() -> None:
         while not done.is_set():
-            listed = s3_client.list_objects_v2(Bucket=bucket, Prefix="ckpt/step-3/")
-            keys = sorted(o["Key"] for o in listed.get("Contents", []))
+            keys = _stored_keys(s3_client, bucket)
             data = [k for k in keys if k.endswith(".distcp")]
             if "ckpt/step-3/.metadata" in keys and len(data) < 3:
                 violations.append(keys)
@@ -236,8 +240,7 @@ def test_a_checkpoint_saved_at_the_shared_level_is_completed_after_its_coordinat
             rank.kill()
         cephfs.remount("hostA")
     assert violations == []
-    listed = s3_client.list_objects_v2(Bucket=bucket, Prefix="ckpt/step-3/")
-    keys = sorted(o["Key"] for o in listed.get("Contents", []))
+    keys = _stored_keys(s3_client, bucket)
     assert "ckpt/step-3/.metadata" in keys and len(keys) == 4, keys
     want = {k: v for r in range(3) for k, v in rank_state(r).items()}
     got = {k: torch.zeros_like(v) for k, v in want.items()}
@@ -270,7 +273,6 @@ def test_a_coordinator_s_host_lost_before_the_commit_leaves_no_metadata_in_the_s
         cephfs.remount("hostA")
     assert "UploadFailedError" in refused.get("mro", []), refused
     assert violations == []
-    listed = s3_client.list_objects_v2(Bucket=bucket, Prefix="ckpt/step-3/")
-    keys = sorted(o["Key"] for o in listed.get("Contents", []))
+    keys = _stored_keys(s3_client, bucket)
     assert len([k for k in keys if k.endswith(".distcp")]) == 3, keys  # the data went
     assert "ckpt/step-3/.metadata" not in keys  # the commit never did

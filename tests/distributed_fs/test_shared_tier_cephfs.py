@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cephfs_hosts import CephFS, Hosts, fill_quota, on_host, start_all
+from support.cephfs_hosts import CephFS, Hosts, fill_quota, on_host, start_all
 from support.proxy import FaultProxy
 
 pytestmark = [pytest.mark.distributed_fs, pytest.mark.multinode, pytest.mark.integration]

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -183,3 +186,64 @@ def test_write_tier_shared_needs_a_shared_tier(tmp_path: Path) -> None:
         TierCacheConfig(local_dir=str(tmp_path), write_tier="shared")
     with pytest.raises(ConfigError, match="local or shared"):
         TierCacheConfig(local_dir=str(tmp_path), shared_dir=str(tmp_path), write_tier="nvme")
+
+
+def test_tiercache_flush_on_another_host_finishes_the_shared_tier_s_writes(
+    s3: Any, options: dict[str, Any], tmp_path: Path, proxy: FaultProxy, bucket: str, s3_client: Any
+) -> None:
+    """The operator's `tiercache flush --shared-dir` on a host whose own configuration keeps
+    its writes local (the default write_tier) still finishes what the lost host staged."""
+    files = {f"{bucket}/ckpt/cli-{i}.bin": 100_000 * (i + 1) for i in range(3)}
+    _refuse_uploads(proxy)
+    expected = _write_then_die(options, str(tmp_path), files)
+    proxy.clear()
+    exe = Path(sys.executable).with_name("tiercache")
+    cli = [str(exe)] if exe.exists() else [sys.executable, "-m", "tiercache.cli"]
+    env = {
+        **os.environ,
+        "AWS_ENDPOINT_URL": proxy.url,
+        "AWS_ACCESS_KEY_ID": s3.key,
+        "AWS_SECRET_ACCESS_KEY": s3.secret,
+        "AWS_DEFAULT_REGION": s3.region,
+        "TIERCACHE_HOST_ID": "hostB",
+        "TIERCACHE_LEASE_STALE_AFTER": "2",
+    }
+    done = subprocess.run(
+        [
+            *cli,
+            "flush",
+            "--json",
+            "--timeout",
+            "120",
+            "--local-dir",
+            str(tmp_path / "hostB-local"),
+            "--shared-dir",
+            str(tmp_path / "shared"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert json.loads(done.stdout)["uploaded"] == len(files)
+    for path in files:
+        assert _store_digest(s3_client, path) == expected[path], path
+
+
+def test_eviction_of_the_shared_tier_keeps_pending_writes_and_counts_them(
+    options: dict[str, Any], tmp_path: Path, proxy: FaultProxy, bucket: str
+) -> None:
+    fs = _host_fs(options, str(tmp_path), "hostA")
+    _refuse_uploads(proxy)
+    data = os.urandom(2 * MiB)
+    with fs.open(f"{bucket}/pending.bin", "wb") as f:
+        f.write(data)
+    report = fs.evict(0, tier="shared")  # everything evictable goes
+    assert report.removed == []
+    assert fs.stats()["shared_usage_bytes"] >= len(data)  # the budget counts it
+    other = _host_fs(options, str(tmp_path), "hostB")
+    assert other.cat_file(f"{bucket}/pending.bin") == data
+    proxy.clear()
+    other.flush(timeout=60)

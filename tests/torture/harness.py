@@ -52,6 +52,10 @@ class Options:
     seed: int = 0
     first_round: int = 0
     scenarios: list[str] = field(default_factory=lambda: list(SCENARIOS))
+    # The CephFS cluster of the host_loss scenario (support.cephfs_hosts.CephFS) and the
+    # directory of its mounts the rounds' shared tiers go under; None: host_loss is skipped.
+    cephfs: Any = None
+    cephfs_dir: str = "torture"
     workdir: str | None = None  # default: a temporary directory, removed unless a round failed
     store: Store | None = None  # default: a private SeaweedFS server started here
     big: bool = True  # now and then a write over 16 MiB (a multipart upload)
@@ -126,7 +130,15 @@ class Harness:
         ctx = multiprocessing.get_context("spawn")
         os.makedirs(os.path.join(workdir, "logs"), exist_ok=True)
         pool = Pool(ctx, store.endpoint_only(), os.path.join(workdir, "logs"))
-        self.env = Env(pool=pool, store=store, bucket=bucket, workdir=workdir, big=options.big)
+        self.env = Env(
+            pool=pool,
+            store=store,
+            bucket=bucket,
+            workdir=workdir,
+            big=options.big,
+            cephfs=options.cephfs,
+            cephfs_dir=options.cephfs_dir,
+        )
         self.previous: tuple[Round, dict[str, str]] | None = None
         self.kept = 0
         self.harness_errors = 0  # in a row
@@ -289,7 +301,25 @@ def _unsupported(options: Options) -> dict[str, str]:
         skipped["freeze"] = "it pauses the server, and this one (an external endpoint) is not ours"
     if store is not None and not store.endpoint.startswith("http://"):
         skipped["faults"] = "the fault proxy forwards plain http only"
+    if options.cephfs is None and "host_loss" in options.scenarios:
+        skipped["host_loss"] = "it needs the CephFS cluster (tests/distributed_fs runs it)"
     return skipped
+
+
+def run_in_test(**options: Any) -> tuple[Summary, str]:
+    """A run for the test suite: the seed from ``TIERCACHE_TORTURE_SEED`` (else the clock),
+    every line printed as it comes; the summary and the violations' reports."""
+    seed = int(os.environ.get("TIERCACHE_TORTURE_SEED") or time.time_ns() % 1_000_000_007)
+    lines: list[str] = []
+
+    def out(line: str) -> None:
+        lines.append(line)
+        print(line, flush=True)
+
+    summary = run(Options(seed=seed, store=external_store(), big=False, out=out, **options))
+    print(summary.line())
+    reports = "\n".join(line for line in lines if line.startswith("VIOLATION"))
+    return summary, f"{summary.line()}\n{reports}"
 
 
 def run(options: Options) -> Summary:

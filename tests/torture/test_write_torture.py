@@ -12,7 +12,6 @@ that pauses it. For a long run: ``.venv/bin/python tests/torture/harness.py --ro
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import harness  # beside this file, on the path pytest gives a test folder
@@ -25,27 +24,13 @@ STREAM_ROUNDS = int(os.environ.get("TIERCACHE_TORTURE_STREAM_ROUNDS", "3"))
 
 @pytest.mark.integration
 def test_no_acknowledged_write_is_lost(tmp_path: Path) -> None:
-    seed = int(os.environ.get("TIERCACHE_TORTURE_SEED") or time.time_ns() % 1_000_000_007)
-    lines: list[str] = []
-
-    def out(line: str) -> None:
-        lines.append(line)
-        print(line, flush=True)
-
-    summary = harness.run(
-        harness.Options(
-            rounds=ROUNDS,
-            seed=seed,
-            workdir=str(tmp_path),
-            store=harness.external_store(),
-            big=False,  # the long run writes multipart objects; this one stays quick
-            lead=["stream"] * STREAM_ROUNDS,  # a few streamed multipart uploads all the same
-            time_limit=TIME_LIMIT,
-            out=out,
-        )
+    summary, reports = harness.run_in_test(
+        rounds=ROUNDS,
+        workdir=str(tmp_path),
+        # the long run writes multipart objects (big); this one stays quick
+        lead=["stream"] * STREAM_ROUNDS,  # a few streamed multipart uploads all the same
+        time_limit=TIME_LIMIT,
     )
-    print(summary.line())
-    reports = "\n".join(line for line in lines if line.startswith("VIOLATION"))
-    assert summary.violations == 0, f"{summary.line()}\n{reports}"
+    assert summary.violations == 0, reports
     assert summary.scenarios["overlap"] > 0 or summary.rounds <= STREAM_ROUNDS
     assert summary.scenarios["stream"] >= min(STREAM_ROUNDS, summary.rounds)

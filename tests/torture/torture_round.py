@@ -44,6 +44,8 @@ class Env:
     workdir: str
     big: bool = False
     proxy: Any = None  # FaultProxy, built on first use
+    cephfs: Any = None  # the CephFS cluster of host_loss rounds (support.cephfs_hosts.CephFS)
+    cephfs_dir: str = "torture"  # where on its mounts the rounds' shared tiers go
 
 
 @dataclass
@@ -59,6 +61,11 @@ class Round:
     violations: list[Violation] = field(default_factory=list)
     uploads: dict[str, Any] | None = None  # what the uploads check saw
     workers: list[Worker] = field(default_factory=list)  # the writers it took
+    # The final flush and look: extra options (a shared tier, another host) and their local
+    # tier (default: the round's); the journal looked at (default: the local tier's).
+    check_options: dict[str, Any] = field(default_factory=dict)
+    check_local_dir: str | None = None
+    check_journal: str | None = None
     _serial: int = 0
 
     @property
@@ -220,12 +227,15 @@ class Round:
         flush, seconds = "ok", 0.0
         if how == "cli":
             flush, seconds = self._cli_flush()
+        local_dir = self.check_local_dir or self.local_dir
         cmd = {
             "op": "check",
-            "local_dir": self.local_dir,
+            "local_dir": local_dir,
             "endpoint": self.endpoint,
             "paths": paths,
             "flush": FINAL_FLUSH_TIMEOUT if how == "fs" else None,
+            "options": self.check_options,
+            "journal": self.check_journal or os.path.join(local_dir, "journal"),
         }
         pool.take(0)
         self.run([(pool.checker, cmd)], timeout=FINAL_FLUSH_TIMEOUT + 90)

@@ -273,6 +273,36 @@ def _busy(steps: list[Step]) -> float:
     )
 
 
+def host_loss(rnd: Round) -> None:
+    """2-3 processes of host A write behind through a shared tier on CephFS (``write_tier=
+    "shared"``), on 1-3 keys, with reads, deletes and flushes; host A is lost at a random
+    instant (its processes SIGKILLed, its ceph-fuse killed, its session evicted). The final
+    flush runs on host B, whose process never touched the tier, through its own mount."""
+    rng = rnd.rng
+    cephfs = rnd.env.cephfs
+    here = f"{rnd.env.cephfs_dir}/r{rnd.number:05d}"
+    shared = {"write_tier": "shared", "lease_stale_after": 2.0}
+    host_a = {**shared, "host_id": "hostA", "shared_dir": str(cephfs.mount("hostA") / here)}
+    rnd.cli_share = 0.0  # the final flush needs host B's shared tier options
+    rnd.check_options = {
+        **shared,
+        "host_id": "hostB",
+        "shared_dir": str(cephfs.mount("hostB") / here),
+    }
+    rnd.check_local_dir = rnd.local_dir + "-hostB"
+    rnd.check_journal = str(cephfs.mount("hostB") / here / "journal")
+    workers = rnd.writers(rng.randint(2, 3), host_a)
+    paths = [rnd.path(i) for i in range(rng.randint(1, 3))]
+    at = time.monotonic() + LEAD
+    scripts = {w: _random_steps(rnd, w.name, paths, rng.randint(3, 6), at) for w in workers}
+    lost_at = at + rng.uniform(0.0, 0.8)
+    rnd.start([(w, rnd.script(s)) for w, s in scripts.items()])
+    deadline = max(rnd.deadline_for(s) for s in scripts.values())
+    rnd.collect(workers, deadline, kills={w.name: lost_at for w in workers})
+    cephfs.crash("hostA")
+    cephfs.remount("hostA")  # the host comes back empty-handed: its processes are gone
+
+
 SCENARIOS: dict[str, Callable[[Round], None]] = {
     "overlap": overlap,
     "threads": threads,
@@ -280,6 +310,7 @@ SCENARIOS: dict[str, Callable[[Round], None]] = {
     "freeze": freeze,
     "faults": faults,
     "stream": stream,
+    "host_loss": host_loss,
 }
 WEIGHTS = {
     "overlap": 6.0,
@@ -288,4 +319,5 @@ WEIGHTS = {
     "freeze": 0.8,
     "faults": 1.0,
     "stream": 1.5,
+    "host_loss": 1.0,
 }

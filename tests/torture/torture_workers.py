@@ -272,10 +272,11 @@ class _Worker:
     def check(self, cmd: dict[str, Any]) -> dict[str, Any]:
         """Flush (optionally), then look through a fresh filesystem of each consistency."""
         local_dir, endpoint, paths = cmd["local_dir"], cmd["endpoint"], cmd["paths"]
+        extra = cmd.get("options", {})
         result: dict[str, Any] = {"flush": None}
         self.drop()
         if cmd["flush"] is not None:
-            fs = self.build(local_dir, endpoint)
+            fs = self.build(local_dir, endpoint, **extra)
             start = time.monotonic()
             try:
                 fs.flush("", timeout=cmd["flush"])
@@ -288,14 +289,15 @@ class _Worker:
         result["store"] = {path: self.stored(path) for path in paths}
         for consistency in ("default", "immutable"):
             options = {} if consistency == "default" else {"consistency": "immutable"}
-            fs = self.build(local_dir, endpoint, **options)
+            fs = self.build(local_dir, endpoint, **extra, **options)
             if consistency == "default":
                 result["pending"] = sorted(str(p["name"]) for p in fs.pending())
             result[consistency] = {path: _read(fs, path) for path in paths}
             del fs
             self.drop()
+        journal = cmd.get("journal") or os.path.join(local_dir, "journal")
         result["journal"] = sorted(
-            os.path.basename(p) for p in glob.glob(os.path.join(local_dir, "journal", "*.json"))
+            os.path.basename(p) for p in glob.glob(os.path.join(journal, "*.json"))
         )
         return result
 

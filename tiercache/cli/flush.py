@@ -36,7 +36,11 @@ examples:
 Without --local-dir it flushes the tier of the running mount, and refuses, naming the
 mounts, when mounts with different tiers run (or the configured tier is none of theirs).
 
-Exit status 0 means everything written behind in this local tier is in the store. Before
+With a shared tier (--shared-dir) it also finishes every write staged there
+(write_tier="shared"), whichever host wrote it: on any host, after another was lost.
+
+Exit status 0 means everything written behind in this local tier (and the shared tier) is
+in the store. Before
 uploading, the journal is reconciled with the tier (what a crash left is repaired or
 reported). Exit 1 names what is still pending at the timeout, what the store refused for
 good (`tiercache discard PATH` drops it) or what was lost, and uploads pending for another
@@ -79,37 +83,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     choose_tier(args)
-    fs = filesystem_from_args(args)
+    journals = _journals(args)
     started = time.monotonic()
-    repairs = fs.fsck(scrub=False)
-    before = fs.pending()
+    repairs = [fs.fsck(scrub=False) for fs in journals]
+    before = [row for fs in journals for row in fs.pending()]
+    current = journals[0]
     try:
-        _flush_watched(fs, args, args.retry_failed)
+        for current in journals:
+            _flush_watched(current, args, args.retry_failed)
         while args.watch:
             time.sleep(1.0)
-            _flush_watched(fs, args, False)
+            for current in journals:
+                _flush_watched(current, args, False)
     except (CacheTimeoutError, UploadFailedError, _GaveUpError) as exc:
-        return _fail(args, str(exc), fs)
+        return _fail(args, str(exc), current)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C ends it at once
         return report_error(args, "interrupted; what is left stays in the journal", code=130)
-    elsewhere = fs.pending_elsewhere()
-    if elsewhere:
-        stores = sorted({r["store"] for r in elsewhere})
-        return _fail(
-            args,
-            f"{len(elsewhere)} upload(s) in this tier are for another endpoint "
-            f"({', '.join(stores)}), e.g. {elsewhere[0]['name']}; run `tiercache flush` "
-            "with that --endpoint-url",
-            fs,
-        )
+    for fs in journals:
+        elsewhere = fs.pending_elsewhere()
+        if elsewhere:
+            stores = sorted({r["store"] for r in elsewhere})
+            return _fail(
+                args,
+                f"{len(elsewhere)} upload(s) in this tier are for another endpoint "
+                f"({', '.join(stores)}), e.g. {elsewhere[0]['name']}; run `tiercache flush` "
+                "with that --endpoint-url",
+                fs,
+            )
     summary = {
-        "local_dir": fs.config.local_dir,
+        "local_dir": journals[0].config.local_dir,
+        "shared_dir": journals[0].config.shared_dir,
         "uploaded": len(before),
         "bytes": sum(p["size"] for p in before),
         "seconds": round(time.monotonic() - started, 3),
-        "repaired": repairs["repaired"],
-        "leftovers_removed": repairs["leftovers_removed"],
+        "repaired": [name for r in repairs for name in r["repaired"]],
+        "leftovers_removed": sum(r["leftovers_removed"] for r in repairs),
     }
     if args.json:
         print_json(summary)
@@ -119,6 +128,16 @@ def run(args: argparse.Namespace) -> int:
             f"in {summary['seconds']:.1f} s; nothing pending"
         )
     return 0
+
+
+def _journals(args: argparse.Namespace) -> list[TierCacheFileSystem]:
+    """A filesystem per journal to finish: the local tier's and, with a shared tier, the
+    shared tier's (every host's writes staged there, ``write_tier="shared"``), whichever
+    ``write_tier`` this host's configuration names."""
+    local = filesystem_from_args(args, write_tier="local")
+    if local.config.shared_dir is None:
+        return [local]
+    return [local, filesystem_from_args(args, write_tier="shared")]
 
 
 def _fail(args: argparse.Namespace, message: str, fs: TierCacheFileSystem) -> int:

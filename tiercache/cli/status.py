@@ -15,7 +15,7 @@ from tiercache.cli.common import (
 )
 from tiercache.cli.which_tier import add_mount_flag, choose_tier
 from tiercache.tiers.local import LocalTier
-from tiercache.tiers.shared import SharedTier
+from tiercache.tiers.shared import shared_tier_of
 from tiercache.write.reconcile import reconcile_journal
 from tiercache.write.state import WriteState
 
@@ -47,17 +47,7 @@ def run(args: argparse.Namespace) -> int:
     mounts = choose_tier(args)
     config = config_from_args(args)
     tier = LocalTier(config.local_dir, config.local_max_bytes, config.file_mode, config.dir_mode)
-    shared = None
-    if config.shared_dir is not None:
-        file_mode, dir_mode = config.shared_modes
-        shared = SharedTier(
-            config.shared_dir,
-            config.shared_max_bytes,
-            file_mode,
-            dir_mode,
-            host_id=config.host_id,
-            stale_after=config.lease_stale_after,
-        )
+    shared = shared_tier_of(config)
     pending: list[dict[str, Any]] = []
     for staging in (tier, shared):
         if staging is not None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from tiercache.config import TierCacheConfig
 from tiercache.metrics.files import live_processes, metrics_dir, node_counters
 from tiercache.tiers.local import LocalTier
-from tiercache.tiers.shared import SharedTier
+from tiercache.tiers.shared import shared_tier_of
 from tiercache.write.state import WriteState
 
 # A tier's usage is rescanned at most this often, however often it is scraped.
@@ -54,17 +54,7 @@ class NodeReader:
         self.tier = LocalTier(
             config.local_dir, config.local_max_bytes, config.file_mode, config.dir_mode
         )
-        self.shared: SharedTier | None = None
-        if config.shared_dir is not None:
-            file_mode, dir_mode = config.shared_modes
-            self.shared = SharedTier(
-                config.shared_dir,
-                config.shared_max_bytes,
-                file_mode,
-                dir_mode,
-                host_id=config.host_id,
-                stale_after=config.lease_stale_after,
-            )
+        self.shared = shared_tier_of(config)
         # Writes behind wait in the local tier's journal, or the shared tier's
         # (``write_tier="shared"``): the node reports both.
         self.journals = [WriteState(self.tier, config.lock_timeout)]

@@ -21,6 +21,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from tiercache.config import TierCacheConfig
 from tiercache.tiers.entry import CachedEntry, EntryMeta, EntryPaths
 from tiercache.tiers.lease import LeaseLock
 from tiercache.tiers.local import LocalTier, create_exclusive, entry_files, remove_file
@@ -135,6 +136,24 @@ class SharedTier(LocalTier):
                 freed += os.stat(part, follow_symlinks=False).st_size
                 os.unlink(part)
         return freed
+
+
+def shared_tier_of(config: TierCacheConfig) -> SharedTier | None:
+    """The shared tier ``config`` names (None without ``shared_dir``)."""
+    if config.shared_dir is None:
+        return None
+    file_mode, dir_mode = config.shared_modes
+    return SharedTier(
+        config.shared_dir,
+        config.shared_max_bytes,
+        file_mode,
+        dir_mode,
+        host_id=config.host_id,
+        stale_after=config.lease_stale_after,
+        high_watermark=config.high_watermark,
+        low_watermark=config.low_watermark,
+        min_free_bytes=config.min_free_bytes,
+    )
 
 
 def _set_mode(path: str, mode: int) -> None:

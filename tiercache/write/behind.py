@@ -21,6 +21,7 @@ from tiercache.config import TierCacheConfig
 from tiercache.errors import CacheTimeoutError, UploadFailedError, tier_full
 from tiercache.stats import Stats
 from tiercache.store.endpoint import canonical_namespace
+from tiercache.tiers.local import LocalTier
 from tiercache.write.reconcile import reconcile_journal
 from tiercache.write.staged import StagedObject
 from tiercache.write.state import Record, WriteState
@@ -86,6 +87,11 @@ class WriteBehind:
             "type": "file",
             "generation": record.generation,
         }
+
+    @property
+    def staging_tier(self) -> LocalTier:
+        """The tier whose journal this committer writes to (``write_tier``)."""
+        return self._state.tier
 
     def _wait_for_room(self, staged: StagedObject) -> None:
         """Back-pressure: block (never fail) while too many bytes wait for upload.

@@ -28,6 +28,8 @@ class Claims(Protocol):
 
     def give_back(self, path: str, claim: object) -> None: ...
 
+    def still_held(self, path: str, claim: object) -> bool: ...
+
     def holder(self, path: str) -> str | None: ...
 
 
@@ -48,6 +50,9 @@ class HostClaims:
         assert isinstance(claim, int)
         remove_file(path)
         unlock(claim)
+
+    def still_held(self, path: str, claim: object) -> bool:
+        return True  # a flock is held until its holder lets it go or dies
 
     def holder(self, path: str) -> str | None:
         return socket.gethostname() if is_shared_locked(path) else None

@@ -466,6 +466,11 @@ class WriteState:
     def release(self, entry_id: str, claim: object) -> None:
         self._claims.give_back(self.path(entry_id, "upload"), claim)
 
+    def still_claimed(self, entry_id: str, claim: object) -> bool:
+        """False once another host took the claim over (its holder went ``lease_stale_after``
+        without a heartbeat: a frozen process, not only a dead one)."""
+        return self._claims.still_held(self.path(entry_id, "upload"), claim)
+
     def upload_holder(self, entry_id: str) -> str | None:
         """The host whose process holds the object's upload claim now, if any."""
         return self._claims.holder(self.path(entry_id, "upload"))

@@ -68,6 +68,11 @@ class _BytesLostError(TierCacheError):
     """The recorded generation's bytes are gone or no longer match their digest."""
 
 
+class _ClaimLostError(TierCacheError):
+    """Another host took this upload's claim over (this process went ``lease_stale_after``
+    without a heartbeat); the upload is not sent, and is tried again later."""
+
+
 @dataclass
 class _Attempts:
     count: int = 0
@@ -416,7 +421,7 @@ class Uploader:
                 self._defer_or_fail_marker(record)
                 return True
             try:
-                info = self._landed_before(record) or self._upload_generation(record)
+                info = self._landed_before(record) or self._upload_generation(record, claim)
             except _BytesLostError as exc:
                 self._state.lost(record, str(exc))
                 self._stats.add("uploads_lost")
@@ -508,7 +513,7 @@ class Uploader:
             self._deferred.clear()
             self._cond.notify_all()
 
-    def _upload_generation(self, record: Record) -> ObjectInfo:
+    def _upload_generation(self, record: Record, claim: object) -> ObjectInfo:
         """Upload exactly the recorded generation's bytes (hold the claim)."""
         link = self._state.upload_copy(record)
         stream = self._take_stream(record)
@@ -523,6 +528,8 @@ class Uploader:
                     return streamed
             if xxh3_file(link) != (record.size, record.digest):
                 raise _BytesLostError("its bytes in the tier no longer match their digest")
+            if not self._state.still_claimed(record.entry_id, claim):
+                raise _ClaimLostError(f"another host took the upload of {record.name} over")
             info = self._store.upload_file(
                 record.bucket,
                 record.key,

@@ -1,4 +1,5 @@
-"""The CephFS cluster (two ceph-fuse clients as two hosts), started once per test session."""
+"""Fixtures of the CephFS cluster (two ceph-fuse clients as two hosts), started once per test
+session by the first test that asks for it (``tests/conftest.py`` registers them)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cephfs_hosts import CephFS, Hosts, session_lock, why_not_here
+
+from support.cephfs_hosts import CephFS, Hosts, session_lock, why_not_here
 from support.proxy import FaultProxy
 
 
