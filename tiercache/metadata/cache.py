@@ -310,10 +310,11 @@ class MetadataCache:
             return False  # born with the first invalidation of its shard
         return changed >= int(asked_at * 1e9) - 1000
 
-    def invalidate(self, bucket: str, keys: Iterable[str]) -> None:
+    def invalidate(self, bucket: str, keys: Iterable[str], shared: bool = True) -> None:
         """This host changed ``keys`` (wrote, deleted, renamed, copied onto them): forget each
         key, its parent directories and the listings of every prefix above it, in every mode
-        (and in the shared tier's listings, ``also_invalidate``)."""
+        (and, with ``shared``, in the shared tier's listings: ``also_invalidate``; a write
+        behind is not in the store yet, so its upload tells them when it lands)."""
         keys = list(keys)
         files = listing_kinds(self._namespace, bucket, keys)
         for key in keys:
@@ -321,7 +322,7 @@ class MetadataCache:
             for depth in range(1, len(parts) + 1):
                 files.add((self._id(bucket, "/".join(parts[:depth])), "info"))
         self._forget(files)
-        if self.also_invalidate is not None:
+        if shared and self.also_invalidate is not None:
             self.also_invalidate(bucket, keys)
 
     def invalidate_bucket(self, bucket: str) -> None:

@@ -83,7 +83,9 @@ class WritePath:
             try:
                 done = commit(staged)
             finally:
-                self._metadata.invalidate(bucket, [key])
+                # The shared tier's listings (other hosts') change once the store does: at
+                # once for a write-through, when the upload lands for a write behind.
+                self._metadata.invalidate(bucket, [key], shared=commit is self._through)
             if staging is not self._tier:
                 # The shared tier holds the new bytes: this host's copy of the old ones goes
                 # (a reader that misses here is served the pending write).
