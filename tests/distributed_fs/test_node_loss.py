@@ -216,6 +216,33 @@ def _watch_marker(s3_client: Any, bucket: str, violations: list[list[str]]) -> A
     return done, thread
 
 
+def _lose_host_a_then_flush_on_b(
+    ranks: list[_Rank],
+    hosts: Hosts,
+    cephfs: CephFS,
+    proxy: FaultProxy,
+    s3_client: Any,
+    bucket: str,
+) -> tuple[dict[str, Any], list[list[str]]]:
+    """Host A (ranks 0 and 1) is lost; the store takes uploads again; host B flushes while a
+    watcher of the bucket looks for a .metadata without its data. The flush's reply, and
+    what the watcher saw."""
+    violations: list[list[str]] = []
+    try:
+        _lose_ranks(ranks, cephfs, "hostA")
+        done, watcher = _watch_marker(s3_client, bucket, violations)
+        proxy.clear()
+        flusher = hosts.start("hostB", write_tier="shared", lease_stale_after=STALE)
+        reply = flusher.call("flush", seconds=540, timeout=600)
+        done.set()
+        watcher.join()
+    finally:
+        for rank in ranks:
+            rank.kill()
+        cephfs.remount("hostA")
+    return reply, violations
+
+
 def test_a_checkpoint_saved_at_the_shared_level_is_completed_after_its_coordinator_s_host_is_lost(
     hosts: Hosts, cephfs: CephFS, proxy: FaultProxy, bucket: str, s3_client: Any, tmp_path: Path
 ) -> None:
@@ -226,19 +253,10 @@ def test_a_checkpoint_saved_at_the_shared_level_is_completed_after_its_coordinat
     for method in ("PUT", "POST"):  # the ranks' uploads are refused while host A lives
         proxy.fail_next(10**6, status=503, method=method)
     ranks = _save_on_two_hosts(hosts, tmp_path, bucket, durable=True, level="shared")
-    violations: list[list[str]] = []
-    try:
-        _lose_ranks(ranks, cephfs, "hostA")  # the coordinator and rank 1
-        done, watcher = _watch_marker(s3_client, bucket, violations)
-        proxy.clear()
-        flusher = hosts.start("hostB", write_tier="shared", lease_stale_after=STALE)
-        assert flusher.call("flush", seconds=540, timeout=600) == {}
-        done.set()
-        watcher.join()
-    finally:
-        for rank in ranks:
-            rank.kill()
-        cephfs.remount("hostA")
+    flushed, violations = _lose_host_a_then_flush_on_b(
+        ranks, hosts, cephfs, proxy, s3_client, bucket
+    )
+    assert flushed == {}
     assert violations == []
     keys = _stored_keys(s3_client, bucket)
     assert "ckpt/step-3/.metadata" in keys and len(keys) == 4, keys
@@ -258,19 +276,9 @@ def test_a_coordinator_s_host_lost_before_the_commit_leaves_no_metadata_in_the_s
         proxy.fail_next(10**6, status=503, method=method)
     # durable=False: the coordinator holds .metadata back until a wait_durable that never comes.
     ranks = _save_on_two_hosts(hosts, tmp_path, bucket, durable=False, level="store")
-    violations: list[list[str]] = []
-    try:
-        _lose_ranks(ranks, cephfs, "hostA")
-        done, watcher = _watch_marker(s3_client, bucket, violations)
-        proxy.clear()
-        flusher = hosts.start("hostB", write_tier="shared", lease_stale_after=STALE)
-        refused = flusher.call("flush", seconds=540, timeout=600)
-        done.set()
-        watcher.join()
-    finally:
-        for rank in ranks:
-            rank.kill()
-        cephfs.remount("hostA")
+    refused, violations = _lose_host_a_then_flush_on_b(
+        ranks, hosts, cephfs, proxy, s3_client, bucket
+    )
     assert "UploadFailedError" in refused.get("mro", []), refused
     assert violations == []
     keys = _stored_keys(s3_client, bucket)

@@ -161,8 +161,13 @@ def test_readers_while_objects_change_under_a_listed_prefix(
                 except FileNotFoundError:
                     continue  # deleted for a while: a valid answer
                 with lock:
-                    if got not in versions[key]:
-                        errors.append(f"{key}: {got[:20]!r} was never stored")
+                    wrong = got not in versions[key]
+                if wrong:  # what the cache and the store say now, to tell which one erred
+                    errors.append(
+                        f"{key}: {got[:20]!r} ({len(got)} bytes) was never stored; "
+                        f"info then {_said(fs.info, f'{bucket}/{key}')}, the store "
+                        f"{_said(s3_client.head_object, Bucket=bucket, Key=key)}"
+                    )
 
     threads = [threading.Thread(target=reader) for _ in range(3)]
     for thread in threads:
@@ -187,3 +192,11 @@ def test_readers_while_objects_change_under_a_listed_prefix(
     time.sleep(0.4)
     for key in keys:
         assert fs.cat_file(f"{bucket}/{key}") == versions[key][-1], key
+
+
+def _said(ask: Any, *args: Any, **kwargs: Any) -> str:
+    """An answer, or the error it raised, for a failure's message."""
+    try:
+        return repr(ask(*args, **kwargs))[:300]
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
