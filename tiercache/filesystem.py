@@ -598,9 +598,7 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
                     "state": record.state,
                     "attempts": attempts,
                     "last_error": record.error or error,
-                    "durability": state.durability,
-                    "host": record.host or None,
-                    "uploading_on": state.upload_holder(record.entry_id),
+                    **state.whereabouts(record),
                 }
             )
         return rows

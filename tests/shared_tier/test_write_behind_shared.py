@@ -13,14 +13,13 @@ import json
 import multiprocessing
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.mount_helpers import make_cli, server_env
 from support.proxy import FaultProxy
 
 from tiercache import ConfigError, TierCacheFileSystem
@@ -197,34 +196,19 @@ def test_tiercache_flush_on_another_host_finishes_the_shared_tier_s_writes(
     _refuse_uploads(proxy)
     expected = _write_then_die(options, str(tmp_path), files)
     proxy.clear()
-    exe = Path(sys.executable).with_name("tiercache")
-    cli = [str(exe)] if exe.exists() else [sys.executable, "-m", "tiercache.cli"]
-    env = {
-        **os.environ,
-        "AWS_ENDPOINT_URL": proxy.url,
-        "AWS_ACCESS_KEY_ID": s3.key,
-        "AWS_SECRET_ACCESS_KEY": s3.secret,
-        "AWS_DEFAULT_REGION": s3.region,
-        "TIERCACHE_HOST_ID": "hostB",
-        "TIERCACHE_LEASE_STALE_AFTER": "2",
-    }
-    done = subprocess.run(
-        [
-            *cli,
-            "flush",
-            "--json",
-            "--timeout",
-            "120",
-            "--local-dir",
-            str(tmp_path / "hostB-local"),
-            "--shared-dir",
-            str(tmp_path / "shared"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
+    cli = make_cli(tmp_path, server_env(proxy.url, s3.key, s3.secret, s3.region))
+    done = cli(
+        "flush",
+        "--json",
+        "--timeout",
+        "120",
+        "--local-dir",
+        str(tmp_path / "hostB-local"),
+        "--shared-dir",
+        str(tmp_path / "shared"),
         timeout=180,
-        check=False,
+        TIERCACHE_HOST_ID="hostB",
+        TIERCACHE_LEASE_STALE_AFTER="2",
     )
     assert done.returncode == 0, done.stderr + done.stdout
     assert json.loads(done.stdout)["uploaded"] == len(files)

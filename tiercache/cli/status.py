@@ -114,9 +114,7 @@ def _pending_rows(journal: WriteState) -> list[dict[str, Any]]:
             "store": r.namespace,
             "state": r.state,
             "error": r.error,
-            "durability": journal.durability,
-            "host": r.host or None,
-            "uploading_on": journal.upload_holder(r.entry_id),
+            **journal.whereabouts(r),
         }
         for r in journal.records()
     ]

@@ -479,7 +479,17 @@ class WriteState:
     def durability(self) -> str:
         """Where an acknowledged write of this journal survives until its upload: ``local``
         (this host's disk) or ``shared`` (the shared filesystem every host mounts)."""
-        return "shared" if isinstance(self.tier, SharedTier) else "local"
+        return self.tier.name
+
+    def whereabouts(self, record: Record) -> dict[str, str | None]:
+        """Where a pending write survives until its upload, the host that wrote it and the
+        host whose process is uploading it now (None: none is), as ``pending()`` and
+        ``tiercache status`` show them."""
+        return {
+            "durability": self.durability,
+            "host": record.host or None,
+            "uploading_on": self.upload_holder(record.entry_id),
+        }
 
     def upload_copy(self, record: Record) -> str | None:
         """A private link of exactly ``record``'s bytes to upload from; None if they are gone.
