@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import common
+import mount_small_files
 import plot
 from boto3.s3.transfer import TransferConfig
 from common import REPO, Endpoint, MiB, VerifyError
@@ -85,6 +86,7 @@ class Context:
     shards: list[Shard]
     tmp: Path
     samples: dict[str, list[float]] = field(default_factory=dict)
+    other_bytes: int = 0  # read through the mount beside the shards (the small files)
 
     @property
     def chunk(self) -> int:
@@ -102,7 +104,7 @@ class Context:
             "AWS_SECRET_ACCESS_KEY": self.endpoint.secret,
             "AWS_DEFAULT_REGION": self.endpoint.region,
             "TIERCACHE_LOCAL_DIR": str(local_dir),
-            "TIERCACHE_LOCAL_MAX_BYTES": str(4 * self.total_bytes),
+            "TIERCACHE_LOCAL_MAX_BYTES": str(4 * (self.total_bytes + self.other_bytes)),
         }
 
 
@@ -118,13 +120,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     common.add_store_profile_arg(p)
     p.add_argument("--fio-files", type=int, default=8, help="files of 32 MiB for fio (0: skip)")
     p.add_argument("--fio-seconds", type=float, default=5, help="length of each timed fio run")
-    p.add_argument("--quick", action="store_true", help="4 objects x 16 MiB smoke run")
+    p.add_argument(
+        "--small-files",
+        type=int,
+        default=2000,
+        help="loose files read whole through the mount (default 2000; 0: skip)",
+    )
+    p.add_argument("--small-kib", type=int, default=128, help="their size in KiB (default 128)")
+    p.add_argument(
+        "--quick", action="store_true", help="4 objects x 16 MiB and 200 small files: a smoke run"
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.shards, args.shard_mib = 4, 16
         args.fio_files, args.fio_seconds = 4, 1
+        args.small_files = min(args.small_files, 200)
     if args.shards < 1 or args.shard_mib <= 0 or args.chunk_mib <= 0 or args.repeat < 1:
         p.error("--shards, --shard-mib, --chunk-mib and --repeat must be positive")
+    if args.small_files < 0 or args.small_kib < 1:
+        p.error("--small-files must be >= 0 and --small-kib positive")
     return args
 
 
@@ -202,9 +216,10 @@ def mounted(
     flags: Sequence[str] = ("--read-only", "--consistency", "immutable"),
     bucket: str | None = None,
     endpoint_url: str | None = None,
+    prefix: str = "shards",
 ) -> Iterator[Path]:
     mountpoint = Path(tempfile.mkdtemp(prefix="mnt-", dir=ctx.tmp))
-    url = f"s3://{bucket or ctx.bucket}/shards"
+    url = f"s3://{bucket or ctx.bucket}/{prefix}"
     env = {"AWS_ENDPOINT_URL": endpoint_url} if endpoint_url else {}
     pid = int(cli(ctx, local_dir, "mount", url, str(mountpoint), *flags, **env)["pid"])
     try:
@@ -432,7 +447,9 @@ def print_report(result: dict[str, Any]) -> None:
     common.print_ratio_rows(result["ratios"], 62)
     if result.get("fio"):
         print_fio(result["fio"])
-    common.print_notes(result["notes"])
+    if result.get("small_files"):
+        mount_small_files.print_section(result["small_files"])
+    common.print_notes(result["notes"] + result.get("small_files", {}).get("notes", []))
 
 
 def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[str, Any]:
@@ -444,10 +461,32 @@ def benchmark(args: argparse.Namespace, endpoint: Endpoint, tmp: Path) -> dict[s
             store,
             profile,
         ):
-            return benchmark_through(args, store, profile, dataset, tmp)
+            result = benchmark_through(args, store, profile, dataset, tmp)
     finally:
         if not endpoint.started_here:
             delete_dataset(direct, dataset)
+    if args.small_files:
+        result["small_files"] = small_files(args, endpoint, direct, tmp)
+    return result
+
+
+def small_files(
+    args: argparse.Namespace, endpoint: Endpoint, direct: Any, tmp: Path
+) -> dict[str, Any]:
+    """The small-file section (``mount_small_files``): uploaded straight to the server, read
+    through the profile's emulator."""
+    with (
+        mount_small_files.uploaded(direct, args.small_files, args.small_kib, tmp) as ds,
+        common.remote_store(endpoint, args.store_profile, args.store_cores) as (store, _),
+    ):
+        ctx = Context(args, store, ds.bucket, [], tmp, other_bytes=ds.total_bytes)
+
+        def mount(tier: Path, flags: Sequence[str]) -> Any:
+            return mounted(ctx, tier, flags, prefix=mount_small_files.PREFIX)
+
+        run = mount_small_files.SmallFiles(store, ds, tmp, mount)
+        section: dict[str, Any] = mount_small_files.benchmark(run, args.repeat)
+        return section
 
 
 def warm_up(client: Any, dataset: Dataset) -> None:

@@ -157,7 +157,8 @@ def _throughput_chart(
 ) -> None:
     plt = _pyplot()
     height = 2.4 + 0.42 * max(len(p.bars) for p in panels)
-    fig, axes = _figure(plt, 1, len(panels), max(height, 4.0))
+    width = max(13.0, 5.0 * len(panels))
+    fig, axes = _figure(plt, 1, len(panels), max(height, 4.0), width)
     for ax, panel in zip(axes[0], panels, strict=True):
         _throughput_panel(ax, panel)
     handles = _legend_handles(b.kind for p in panels for b in p.bars)
@@ -219,7 +220,7 @@ def mount_chart(result: Result, path: Path) -> None:
     warm = [m for m in modes if m.startswith("local") or m.endswith(("warm", "pagecache"))]
     cold = [m for m in modes if m not in warm]
     plain = tuple(m for m in cold if _mount_kind(m) == PLAIN) or ("fsspec_cold",)
-    panels = (
+    panels: tuple[Panel, ...] = (
         Panel("cold: every byte from the store", _bars(modes, cold, _mount_kind), plain),
         Panel(
             "warm: from the local tier", _bars(modes, warm, _mount_kind), ("local_raw",), "local"
@@ -229,7 +230,27 @@ def mount_chart(result: Result, path: Path) -> None:
         f"FUSE mount reads, {params['shards']} objects x {params['shard_mib']:g} MiB "
         f"({params['chunk_mib']:g} MiB reads, median of {params['repeat']})"
     )
+    small = result.get("small_files")
+    if small:
+        panels += _small_files_panels(small)
+        title += f"; {small['files']} small files x {small['file_kib']} KiB, read whole"
     _throughput_chart(panels, title, profile_text(params), path)
+
+
+def _small_files_panels(small: dict[str, Any]) -> tuple[Panel, ...]:
+    """Files/s of the small-file section: cold beside boto3's pool, warm beside local files."""
+    modes = small["modes"]
+    warm = [m for m in modes if m.startswith("local") or "_warm" in m]
+    cold = [m for m in modes if m not in warm]
+
+    def bars(names: list[str]) -> tuple[Bar, ...]:
+        return tuple(Bar(m, float(modes[m]["files_s"]), _mount_kind(m)) for m in names)
+
+    plain = tuple(m for m in cold if _mount_kind(m) == PLAIN)
+    return (
+        Panel("small files, cold", bars(cold), plain, unit="files/s"),
+        Panel("small files, warm", bars(warm), ("local_t1",), "local, 1 thread", unit="files/s"),
+    )
 
 
 # -- shared_bench ------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from tiercache.mount.control import (
     state_path,
 )
 from tiercache.mount.library import fuse_support
-from tiercache.mount.runner import MountSpec, serve
+from tiercache.mount.runner import IMMUTABLE_ENTRY_TTL, MountSpec, serve
 
 NAME = "mount"
 HELP = "serve s3://BUCKET[/PREFIX] as a directory through the cache (FUSE)"
@@ -66,9 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--attr-timeout",
         type=float,
-        default=1.0,
+        default=None,
         metavar="S",
-        help="seconds attributes and listings are trusted (default: 1)",
+        help="seconds attributes and listings are trusted (default: 1; the kernel trusts found "
+        f"entries {IMMUTABLE_ENTRY_TTL:.0f} s on a --read-only mount with --consistency immutable)",
     )
     parser.add_argument("--allow-other", action="store_true", help="let other users read the mount")
     parser.add_argument(
@@ -78,6 +79,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve every read from the mount process, never by FUSE passthrough (which, where "
         "the kernel, libfuse >= 3.16 and root allow it, lets the kernel read a warm file opened "
         "read-only from its tier copy, and refuses writers while such readers hold it: ETXTBSY)",
+    )
+    parser.add_argument(
+        "--kernel-opens",
+        action="store_true",
+        help="with --read-only and --consistency immutable: the kernel opens and closes files "
+        "itself, with no request to the mount, and keeps their pages across opens (for "
+        "datasets of many small files); a file's first read on this mount is served by the "
+        "mount process, never by passthrough",
     )
     parser.add_argument(
         "--metrics-listen",
@@ -95,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     if not support.usable:
         raise MountError(f"FUSE is not usable here: {support.problems[0]}")
     mountpoint = check_mountpoint(args.mountpoint)
-    if args.attr_timeout < 0:
+    if args.attr_timeout is not None and args.attr_timeout < 0:
         raise MountError("--attr-timeout must be >= 0")
     if args.metrics_listen is not None:  # said here, not in the background mount's log
         parse_listen(args.metrics_listen)
@@ -108,15 +117,25 @@ def run(args: argparse.Namespace) -> int:
             f"bucket {bucket!r} does not exist at {fs.store!r}: create it, or check the URL"
         ) from None
     url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+    immutable = bool(args.read_only) and fs.config.consistency == "immutable"
+    if args.kernel_opens and not immutable:
+        access = "read-only" if args.read_only else "read-write"
+        raise MountError(
+            "--kernel-opens needs --read-only and --consistency immutable (the kernel keeps "
+            f"a file's pages across opens); this mount is {access} with consistency "
+            f"{fs.config.consistency!r}"
+        )
     spec = MountSpec(
         url=url,
         bucket=bucket,
         prefix=prefix,
         mountpoint=mountpoint,
         read_only=bool(args.read_only),
-        attr_ttl=args.attr_timeout,
+        attr_ttl=1.0 if args.attr_timeout is None else args.attr_timeout,
+        entry_ttl=IMMUTABLE_ENTRY_TTL if immutable and args.attr_timeout is None else None,
         allow_other=args.allow_other,
         passthrough=args.passthrough,
+        kernel_opens=args.kernel_opens,
         debug=args.debug,
         metrics_listen=args.metrics_listen,
     )

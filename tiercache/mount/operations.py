@@ -34,6 +34,7 @@ from tiercache.mount.handles import (
     ReadOpener,
 )
 from tiercache.mount.kept import DEFAULT_FILE_MODE, AttrKeeper, SetAttrs
+from tiercache.mount.kernel_opens import PathReaders
 from tiercache.mount.lookahead import MetadataLookAhead
 from tiercache.mount.moves import TreeMoveError, move_tree, objects_under
 from tiercache.mount.passthrough import Passthrough
@@ -94,6 +95,8 @@ class MountOptions:
     keep_cache: bool = False  # keep the kernel's cached pages across opens (immutable data)
     direct_io: bool = False  # bypass the kernel page cache (every read reaches tiercache)
     passthrough: bool = True  # the kernel reads warm read-only opens from the tier file
+    # Opens need no request (read-only, immutable): see ``kernel_opens``.
+    kernel_opens: bool = False
 
 
 def _with_metadata(attr: Attr, meta: SetAttrs) -> Attr:
@@ -128,6 +131,11 @@ class MountOperations:
         self.followers = ReadFollowers()
         self._reopen_lock = threading.Lock()
         self.readers = ReadOpener(fs, observer, options.keep_cache)
+        if options.kernel_opens and not options.read_only:
+            raise ValueError("opens answered by the kernel need a read-only mount")
+        # Reads of files the kernel opened itself come with a path: libfuse must give it.
+        self.flag_nullpath_ok = not options.kernel_opens
+        self.by_path = PathReaders(lambda path: self.readers.open(path, self._full(path))[0])
         self.passthrough = Passthrough(options.passthrough and not options.direct_io)
         self.writables = WritableFiles()
         self.cache = AttrCache(options.attr_ttl)
@@ -140,6 +148,8 @@ class MountOperations:
         self._open_dirs: dict[int, str] = {}  # opendir's handles (readdir gets no path)
         self._dir_numbers = itertools.count(1)
         self._gone: dict[str, float] = {}  # deleted here (under _dirs_lock): when
+        self._open_requests = 0
+        self._count_lock = threading.Lock()
         self._uid, self._gid = os.getuid(), os.getgid()
         self.kept = AttrKeeper(
             fs, self._full, lambda path: self.writables.current(path) is not None, self.cache.forget
@@ -147,8 +157,16 @@ class MountOperations:
         self.lookahead = MetadataLookAhead(self._read_listed)
 
     def counters(self) -> dict[str, int]:
-        """The mount's own counters: its ranged reads, and opens read through passthrough."""
-        return {**self.readers.counters(), **self.passthrough.counters()}
+        """The mount's own counters: its ranged reads, open requests and files the kernel opened
+        itself (``kernel_opens``), and opens read through passthrough."""
+        with self._count_lock:
+            opens = self._open_requests
+        return {
+            **self.readers.counters(),
+            **self.passthrough.counters(),
+            **self.by_path.counters(),
+            "open_requests": opens,
+        }
 
     # -- paths and attributes ----------------------------------------------------------------
 
@@ -408,6 +426,12 @@ class MountOperations:
 
     @answers_errno
     def open(self, path: str, fi: Any) -> int:
+        with self._count_lock:
+            self._open_requests += 1
+        if self.options.kernel_opens:
+            # The kernel opens files itself from now on: no open, flush or release reaches
+            # the mount, and each file keeps its cached pages (``kernel_opens``).
+            raise FuseError(errno.ENOSYS)
         fi.direct_io = int(self.options.direct_io)
         if fi.flags & os.O_ACCMODE == os.O_RDONLY:
             entry = self.writables.attach(path)
@@ -471,6 +495,9 @@ class MountOperations:
 
     @answers_errno
     def read(self, path: str | None, size: int, offset: int, fi: Any) -> bytes:
+        if self.options.kernel_opens:
+            buffer = bytearray(size)
+            return bytes(buffer[: self.read_into(path, memoryview(buffer), offset, fi)])
         handle = self.handles.get(fi.fh)
         if self.observer is not None:
             self.observer.read(handle.path, offset, size)
@@ -483,6 +510,13 @@ class MountOperations:
     @answers_errno
     def read_into(self, path: str | None, buffer: memoryview, offset: int, fi: Any) -> int:
         """``read`` straight into the binding's buffer: one copy less per request."""
+        if self.options.kernel_opens:
+            if path is None:
+                raise FuseError(errno.EBADF)
+            if self.observer is not None:
+                self.observer.read(path, offset, len(buffer))
+            with self.by_path.reading(path) as opened:
+                return opened.read_into(buffer, offset)
         handle = self.handles.get(fi.fh)
         if self.observer is not None:
             self.observer.read(handle.path, offset, len(buffer))
@@ -563,6 +597,8 @@ class MountOperations:
         process closed is marked to be committed should the mount die before that release;
         what a process closes as it exits (its duplicates, a writer killed) is not.
         """
+        if self.options.kernel_opens:
+            raise FuseError(errno.ENOSYS)  # nothing to flush, and no more flushes asked
         handle = self.handles.get(fi.fh)
         if isinstance(handle, EntryHandle):
             exiting = killed = False
@@ -815,5 +851,6 @@ class MountOperations:
                     handle.close()
             except Exception:
                 log.exception("closing %s at unmount", handle.path)
+        self.by_path.close_all()
         self.lookahead.close()
         self.kept.drain(ATTRS_DRAIN)

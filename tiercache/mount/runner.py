@@ -28,6 +28,13 @@ from tiercache.mount.readahead import DirectoryReadAhead
 log = logging.getLogger("tiercache.mount")
 
 _STATS_SECONDS = 1.0
+# Requests libfuse serves at once (its default is 10). A cold read holds its request for a
+# round trip to the store, so 16 readers of cold files would otherwise wait on each other.
+MAX_REQUESTS = 64
+# How long the kernel trusts a found entry and its attributes on a read-only mount of
+# immutable objects when --attr-timeout is not given: such an object never changes, so a
+# warm epoch sends no lookup. Names not found are still trusted only ``attr_ttl``.
+IMMUTABLE_ENTRY_TTL = 3600.0
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,8 @@ class MountSpec:
     attr_ttl: float = 1.0
     allow_other: bool = False
     passthrough: bool = True  # see ``passthrough``; off: every read reaches the mount
+    kernel_opens: bool = False  # opens need no request (read-only, immutable): ``kernel_opens``
+    entry_ttl: float | None = None  # the kernel's trust in found entries (None: attr_ttl)
     debug: bool = False
     metrics_listen: str | None = None  # HOST:PORT: serve the node's Prometheus metrics
 
@@ -52,14 +61,15 @@ def kernel_options(spec: MountSpec) -> dict[str, Any]:
         "fsname": f"tiercache:{spec.url}",
         "subtype": "tiercache",
         "default_permissions": True,  # the kernel checks the modes getattr reports
-        "attr_timeout": spec.attr_ttl,
-        "entry_timeout": spec.attr_ttl,
+        "attr_timeout": spec.attr_ttl if spec.entry_ttl is None else spec.entry_ttl,
+        "entry_timeout": spec.attr_ttl if spec.entry_ttl is None else spec.entry_ttl,
         "negative_timeout": spec.attr_ttl,
         # A killed mount process is unmounted by fusermount3 instead of leaving a dead mount.
         "auto_unmount": True,
         # unlink of an open file reaches the mount (which never commits it) instead of being
         # turned into a rename to a hidden name that would be uploaded.
         "hard_remove": True,
+        "max_threads": MAX_REQUESTS,
     }
     if spec.read_only:
         options["ro"] = True
@@ -81,6 +91,7 @@ def operation_options(spec: MountSpec, consistency: str) -> MountOptions:
         keep_cache=consistency == "immutable",
         direct_io=False,
         passthrough=spec.passthrough,
+        kernel_opens=spec.kernel_opens,
     )
 
 
