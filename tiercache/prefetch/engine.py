@@ -45,7 +45,7 @@ from tiercache.stats import Stats
 from tiercache.store.base import ObjectStore
 from tiercache.tiers.entry import CachedEntry
 from tiercache.tiers.local import LocalTier
-from tiercache.tiers.next_use import NextUse
+from tiercache.tiers.next_use import NEVER, NextUse
 
 __all__ = ["MAX_PREFETCH_WORKERS", "Budget", "PrefetchEngine", "Target"]
 
@@ -438,16 +438,23 @@ class PrefetchEngine:
             order = self._listeners.get(item.path)
             # Of a size not learnt yet: it needs some room, how much its GET will say.
             size = max(1, self._typical_size if item.size is None else item.size)
-        floor = None if order is None else order.eviction_floor(item.path)
-        if floor is None:
+        if order is None:
             return 0
-        if self._tier.usage() + size > self._tier.fill_limit() and self._is_cached(
-            item.bucket, item.key
-        ):
-            return 0  # nothing to fetch, no room needed
-        claim = self._tier.make_room(size, floor.distance)
+        floor = None
+        if self._tier.usage() + size > self._tier.fill_limit():
+            if self._is_cached(item.bucket, item.key):
+                return 0  # nothing to fetch, no room needed
+            floor = order.eviction_floor(item.path)
+            if floor is None:
+                return 0
+        # With room to spare the floor is not worked out (it walks the order from its reader
+        # to the item): should the room go meanwhile, only entries no order reads again go.
+        claim = self._tier.make_room(size, NEVER if floor is None else floor.distance)
         if claim is not None:
             return claim
+        floor = floor or order.eviction_floor(item.path)
+        if floor is None:
+            return 0
         with self._cond:
             if item.read or not item.handles or self._items.get(item.path) is not item:
                 return 0  # a reader came meanwhile, or nobody wants it: the usual path
