@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tiercache.mount.kernel_opens import PathReaders
+from tiercache.mount.kernel_opens import MAX_LIMIT, PathReaders, default_limit
 from tiercache.mount.runner import IMMUTABLE_ENTRY_TTL, MountSpec, kernel_options
 
 
@@ -142,6 +142,16 @@ def test_many_threads_over_many_paths_never_read_a_closed_handle() -> None:
     readers.close_all()
     assert len(readers) == 0
     assert all(h.closed for h in opener.opened)
+
+
+def test_the_default_limit_leaves_most_descriptors_to_the_rest_of_the_mount() -> None:
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = default_limit()
+    assert 16 <= limit <= MAX_LIMIT
+    if soft != resource.RLIM_INFINITY and soft >= 64:
+        assert limit <= soft // 4
 
 
 def test_limit_must_be_positive() -> None:

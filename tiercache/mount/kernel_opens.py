@@ -10,6 +10,7 @@ recently used one that no read is using when more than ``limit`` are open.
 
 from __future__ import annotations
 
+import resource
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -19,14 +20,24 @@ from tiercache.mount.handles import ColdReadHandle, ReadHandle
 
 Opener = Callable[[str], ReadHandle | ColdReadHandle]
 
-# Open handles kept: each holds at most one descriptor of a tier file.
-DEFAULT_LIMIT = 512
+# Open handles kept: each holds at most one descriptor of a tier file, so at most a quarter
+# of the process's descriptors (a soft limit of 1024 is common) and no more than 512.
+MAX_LIMIT = 512
+
+
+def default_limit() -> int:
+    """Handles kept by default: ``MAX_LIMIT``, or a quarter of the descriptor limit."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_LIMIT
+    return max(16, min(MAX_LIMIT, soft // 4))
 
 
 class PathReaders:
     """The read handle of each path read lately; opened at its first read."""
 
-    def __init__(self, opener: Opener, limit: int = DEFAULT_LIMIT) -> None:
+    def __init__(self, opener: Opener, limit: int | None = None) -> None:
+        limit = default_limit() if limit is None else limit
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
         self._opener = opener
