@@ -57,12 +57,13 @@ class MountSpec:
 
 def kernel_options(spec: MountSpec) -> dict[str, Any]:
     """Mount options for libfuse; the source names the URL (never a credential)."""
+    found_ttl = spec.attr_ttl if spec.entry_ttl is None else spec.entry_ttl
     options: dict[str, Any] = {
         "fsname": f"tiercache:{spec.url}",
         "subtype": "tiercache",
         "default_permissions": True,  # the kernel checks the modes getattr reports
-        "attr_timeout": spec.attr_ttl if spec.entry_ttl is None else spec.entry_ttl,
-        "entry_timeout": spec.attr_ttl if spec.entry_ttl is None else spec.entry_ttl,
+        "attr_timeout": found_ttl,
+        "entry_timeout": found_ttl,
         "negative_timeout": spec.attr_ttl,
         # A killed mount process is unmounted by fusermount3 instead of leaving a dead mount.
         "auto_unmount": True,
