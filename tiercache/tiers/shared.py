@@ -114,7 +114,8 @@ class SharedTier(LocalTier):
         durable: bool = False,
         keep_src: bool = False,
     ) -> CachedEntry:
-        os.fsync(fd)
+        if not durable:  # a fetched entry; ``durable`` bytes were fsynced by their writer
+            os.fsync(fd)
         return super().publish(paths, fd, meta, src, durable=True, keep_src=keep_src)
 
     def needs_check(self, entry: CachedEntry) -> bool:

@@ -89,6 +89,7 @@ class StagedWriteFile(io.RawIOBase):
         self._size = 0
         self._fd_exposed = False
         self._broken = False
+        self._marked_closed = False
         self.info: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
@@ -183,6 +184,7 @@ class StagedWriteFile(io.RawIOBase):
             "namespace": namespace,
             "acknowledged_ns": time.time_ns(),
         }
+        self._marked_closed = True
         install(prepare_file(mark, json.dumps(row).encode(), self._file_mode), mark)
         fsync_dir(os.path.dirname(mark))
 
@@ -210,7 +212,8 @@ class StagedWriteFile(io.RawIOBase):
         if self._on_close is not None:
             self._on_close()
         os.close(self._fd)
-        remove_file(self._staged + CLOSED_SUFFIX)
+        if self._marked_closed:
+            remove_file(self._staged + CLOSED_SUFFIX)
         remove_file(self._staged)  # gone already if the committer moved it into the tier
 
 

@@ -215,7 +215,7 @@ class PartStreamer:
             self._closed = True
             fds = [self._fd, self._sidecar_fd]
             self._fd = self._sidecar_fd = None
-        if not keep_sidecar:
+        if not keep_sidecar and fds[1] is not None:  # no descriptor: no sidecar was made
             remove_file(self._sidecar)  # before unlocking: nobody aborts a finished upload
         for fd in fds:
             if fd is not None:
