@@ -63,11 +63,14 @@ def test_a_new_process_revalidates_by_the_listing_the_host_keeps(
     the listing is fresh (the metadata cache keeps it beside the tier)."""
     bodies = _put_many(s3_client, bucket, "shards/", 120)
     tier = str(tmp_path / "tier")
+    # Longer than ``TTL``: the second worker, a new interpreter that imports tiercache first,
+    # must start within the ttl of the first one's listing even on a busy machine.
+    ttl = 4.0
     script = f"""
 import json, sys
 from tiercache import TierCacheFileSystem
 fs = TierCacheFileSystem(target_options={s3.target_options()!r}, local_dir={tier!r},
-                         consistency="ttl", ttl={TTL!r}, skip_instance_cache=True)
+                         consistency="ttl", ttl={ttl!r}, skip_instance_cache=True)
 keys = sorted(json.loads(sys.argv[1]))
 for key in keys:
     fs.cat_file({bucket!r} + "/" + key)
@@ -88,7 +91,7 @@ print(json.dumps(fs.stats()["store_requests"]))
         return result
 
     assert run().get("GetObject", 0) == 120  # cold
-    time.sleep(TTL + 0.2)
+    time.sleep(ttl + 0.2)
     first = run()
     assert first.get("HeadObject", 0) == 0 and first.get("GetObject", 0) == 0
     assert first.get("ListObjectsV2", 0) == 1
