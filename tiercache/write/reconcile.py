@@ -396,6 +396,7 @@ def _commit_closed(state: WriteState, path: str, report: ReconcileReport) -> Non
     except (OSError, ValueError):
         return
     try:
+        os.fsync(fd)  # written on after its last mark, perhaps: commit takes durable bytes
         size, digest = xxh3_file(path)
         staged = StagedObject(
             row["bucket"], row["key"], row["source"], row["entry_id"], path, fd, size, digest

@@ -1,8 +1,9 @@
 """``StagedWriteFile``: ``open(..., "wb")`` stages bytes in the tier; a committer takes them.
 
-Bytes go to a file in the tier's staging area while their xxh3 digest is computed; on
-``close()`` the committer (``write.behind`` or ``write.through``) sends them on. If the
-``with`` block raises, nothing is committed: a half-written object never reaches the store.
+Bytes go to a file in the tier's staging area while their xxh3 digest is computed and their
+writeback to the disk starts (``EarlyWriteback``); on ``close()`` the committer
+(``write.behind`` or ``write.through``) sends them on. If the ``with`` block raises, nothing
+is committed: a half-written object never reaches the store.
 The writer holds a ``flock`` on its staged file, so ``reconcile`` can tell the files of live
 writers from those a killed writer left behind.
 """
@@ -26,6 +27,7 @@ from tiercache.errors import tier_full
 from tiercache.tiers.entry import install, prepare_file
 from tiercache.tiers.local import LocalTier, fsync_dir, remove_file
 from tiercache.write.streaming import PartStreamer
+from tiercache.write.writeback import EarlyWriteback
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ class StagedWriteFile(io.RawIOBase):
         except OSError as exc:
             raise _tier_full(exc, path, 0, self._staged) from exc
         fcntl.flock(self._fd, fcntl.LOCK_EX)  # a live writer's file (see reconcile)
+        self._writeback = EarlyWriteback(self._fd)  # close()'s fsync waits for the last step
         self._stream = stream(self._staged) if stream is not None else None
         self._hasher = xxhash.xxh3_64()
         self._size = 0
@@ -130,6 +133,7 @@ class StagedWriteFile(io.RawIOBase):
         if hashing is None:
             self._hasher.update(view)
         self._size += done
+        self._writeback.wrote(self._size)
         if self._stream is not None:
             self._stream.wrote(self._size)
         return done
