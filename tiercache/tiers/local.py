@@ -110,7 +110,10 @@ class LocalTier:
         for path in (self.objects_dir, self.staging_dir):
             os.makedirs(path, mode=dir_mode, exist_ok=True)
             _require_real_dir(path, self.root)
-        self._shards_ready: set[str] = set()
+        # Shard directories known to exist as real directories: those already there (one
+        # listing, not a mkdir and a walk of the path each, which cost a metadata round
+        # trip apiece on a shared filesystem), then each one made here.
+        self._shards_ready: set[str] = _real_subdirectories(self.objects_dir)
         self._paths: dict[str, EntryPaths] = {}
         # Parsed metadata by path, with the identity of the file it was read from: a warm
         # open looks an entry up more than once (prefetch, then its reader), and one stat
@@ -733,6 +736,15 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _real_subdirectories(path: str) -> set[str]:
+    """The directories directly in ``path`` (a checked tier directory); symlinks excluded."""
+    try:
+        with os.scandir(path) as entries:
+            return {e.path for e in entries if e.is_dir(follow_symlinks=False)}
+    except FileNotFoundError:
+        return set()
 
 
 def _require_real_dir(path: str, root: str) -> None:
