@@ -14,6 +14,7 @@ import fcntl
 import io
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +44,9 @@ class StagedObject:
     size: int
     digest: str
     stream: PartStreamer | None = None  # parts already on their way to the store
+    # Returns once ``fd``'s bytes are on disk; raises (``TierFullError`` for no space) if they
+    # cannot be. A committer prepares what it can meanwhile and installs nothing before it.
+    wait_durable: Callable[[], None] = lambda: None
 
 
 Committer = Callable[[StagedObject], dict[str, Any]]
@@ -93,6 +97,7 @@ class StagedWriteFile(io.RawIOBase):
         self._fd_exposed = False
         self._broken = False
         self._marked_closed = False
+        self._fsync: _Fsync | None = None
         self.info: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
@@ -145,13 +150,12 @@ class StagedWriteFile(io.RawIOBase):
             self.discard()
             return
         try:
-            try:
-                os.fsync(self._fd)  # delayed allocation can report ENOSPC only here
-            except OSError as exc:
-                raise _tier_full(exc, self.path, self._size, self._staged) from exc
             size, digest = self._size, self._hasher.hexdigest()
             if self._fd_exposed:
                 size, digest = xxh3_file(self._staged)
+            # The fsync runs while the committer takes its lock and prepares its files (on a
+            # shared filesystem each of those is a round trip to its metadata server).
+            self._fsync = _Fsync(self._fd, background=size >= _BACKGROUND_FSYNC_BYTES)
             staged = StagedObject(
                 self._bucket,
                 self._key,
@@ -162,12 +166,21 @@ class StagedWriteFile(io.RawIOBase):
                 size,
                 digest,
                 self._stream,
+                self._wait_durable,
             )
             self.info = self._commit(staged)  # the committer owns the stream from here
             self._stream = None
+            self._wait_durable()  # waited for already by every committer: never returns early
         finally:
             self._cleanup()
             super().close()
+
+    def _wait_durable(self) -> None:
+        assert self._fsync is not None
+        try:
+            self._fsync.wait()  # delayed allocation can report ENOSPC only here
+        except OSError as exc:
+            raise _tier_full(exc, self.path, self._size, self._staged) from exc
 
     def mark_closed(self, namespace: str) -> None:
         """The writer closed its file but may write on (a mount: another descriptor of it is
@@ -215,10 +228,47 @@ class StagedWriteFile(io.RawIOBase):
             self._stream = None
         if self._on_close is not None:
             self._on_close()
+        if self._fsync is not None:
+            self._fsync.join()  # not closed under a running fsync (a commit that failed early)
         os.close(self._fd)
         if self._marked_closed:
             remove_file(self._staged + CLOSED_SUFFIX)
         remove_file(self._staged)  # gone already if the committer moved it into the tier
+
+
+# From this size on, close() fsyncs on a helper thread while the commit prepares; below it,
+# at once (a thread costs more than it could save).
+_BACKGROUND_FSYNC_BYTES = 1024 * 1024
+
+
+class _Fsync:
+    """``fsync(fd)``, at once or on a helper thread; ``wait`` returns or raises its outcome."""
+
+    def __init__(self, fd: int, background: bool) -> None:
+        self._error: OSError | None = None
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(
+                target=self._run, args=(fd,), name="tiercache-fsync", daemon=True
+            )
+            self._thread.start()
+        else:
+            self._run(fd)
+
+    def _run(self, fd: int) -> None:
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            self._error = exc
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+    def wait(self) -> None:
+        self.join()
+        if self._error is not None:
+            raise self._error
 
 
 def _tier_full(exc: OSError, path: str, written: int, staged: str) -> OSError:

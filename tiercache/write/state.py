@@ -220,6 +220,7 @@ class WriteState:
                 # Everything that needs space first; then renames only.
                 _link_or_copy(staged.path, own_bytes)
                 record_tmp = prepare_file(record_path, record.to_json(), self._mode)
+                staged.wait_durable()  # the bytes are on disk before anything names them
                 self.tier.publish(paths, staged.fd, meta, src=staged.path, durable=True)
                 install(record_tmp, record_path)
                 installed = True

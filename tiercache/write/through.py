@@ -29,6 +29,7 @@ class WriteThrough:
 
     def __call__(self, staged: StagedObject) -> dict[str, Any]:
         tier = self._state.tier
+        staged.wait_durable()
         with self._state.store_write(staged.entry_id) as change:
             info = self._store.upload_file(
                 staged.bucket,
