@@ -10,30 +10,17 @@ writing zeros, which would double the bytes written. The system call itself neve
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
-import sys
-from typing import Any
 
 from tiercache.errors import NO_SPACE_ERRNOS
+from tiercache.libc import libc_function
 
 _FALLOC_FL_KEEP_SIZE = 1  # the size grows as bytes are written, as without preallocation
 
 
-def _load_fallocate() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        function = libc.fallocate
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    function.restype = ctypes.c_int
-    return function
-
-
-_fallocate = _load_fallocate()
+_fallocate = libc_function(
+    "fallocate", [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+)
 
 
 def preallocate(fd: int, size: int) -> bool:

@@ -12,26 +12,16 @@ filesystem that has no pages of its own to write), nothing changes: the fsync do
 from __future__ import annotations
 
 import ctypes
-import sys
-from collections.abc import Callable
+
+from tiercache.libc import libc_function
 
 STEP_BYTES = 8 * 1024 * 1024  # the writeback of each 8 MiB written starts at once
 _SYNC_FILE_RANGE_WRITE = 2
 
 
-def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        function = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    function.restype = ctypes.c_int
-    return function
-
-
-_sync_file_range = _load_sync_file_range()
+_sync_file_range = libc_function(
+    "sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+)
 
 
 class EarlyWriteback:
