@@ -155,7 +155,10 @@ class StagedWriteFile(io.RawIOBase):
                 size, digest = xxh3_file(self._staged)
             # The fsync runs while the committer takes its lock and prepares its files (on a
             # shared filesystem each of those is a round trip to its metadata server).
-            self._fsync = _Fsync(self._fd, background=size >= _BACKGROUND_FSYNC_BYTES)
+            background = size >= _BACKGROUND_FSYNC_BYTES
+            self._fsync = _Fsync(self._fd, background)
+            if not background:
+                self._wait_durable()  # done already: a failure stops here, before the commit
             staged = StagedObject(
                 self._bucket,
                 self._key,
