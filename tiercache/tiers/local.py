@@ -307,6 +307,7 @@ class LocalTier:
         src: str | None = None,
         durable: bool = False,
         keep_src: bool = False,
+        prepared_meta: str | None = None,
     ) -> CachedEntry:
         """Make the part file (or the staged file ``src``) the entry's data; hold the entry lock.
 
@@ -316,6 +317,7 @@ class LocalTier:
         that exists nowhere else, already fsynced by the writer) fsyncs meta and directory.
         ``keep_src``: ``src`` stays where it is, linked as the data (where the filesystem has
         hard links), so that what it belongs to stays readable until its owner removes it.
+        ``prepared_meta``: ``meta`` written already by ``prepare_meta`` (durably).
         """
         if not self.boot_id:
             os.fsync(fd)
@@ -323,7 +325,7 @@ class LocalTier:
         meta = dataclasses.replace(meta, boot_id=self.boot_id)
         # The new metadata is written before the old entry is touched: a full disk fails
         # here and leaves the old entry as it was.
-        tmp_meta = prepare_file(paths.meta, meta.to_json(), self.file_mode, durable=durable)
+        tmp_meta = prepared_meta or self.prepare_meta(paths, meta, durable)
         try:
             remove_file(paths.meta)
             if not (keep_src and src is not None and _link_over(src, paths.data)):
@@ -346,6 +348,12 @@ class LocalTier:
                 stamp, usage = self._scan_cache
                 self._scan_cache = (stamp, usage + meta.size)
         return CachedEntry(os.path.basename(paths.data)[:64], paths, meta)
+
+    def prepare_meta(self, paths: EntryPaths, meta: EntryMeta, durable: bool) -> str:
+        """Write ``meta`` to a temp file beside the entry's meta file, for ``publish`` to
+        install (a committer writes it while its bytes are still being fsynced)."""
+        meta = dataclasses.replace(meta, boot_id=self.boot_id)
+        return prepare_file(paths.meta, meta.to_json(), self.file_mode, durable=durable)
 
     def staging_path(self, entry_id: str) -> str:
         """A fresh path in the staging area, on the tier's filesystem (renames are atomic)."""

@@ -113,10 +113,11 @@ class SharedTier(LocalTier):
         src: str | None = None,
         durable: bool = False,
         keep_src: bool = False,
+        prepared_meta: str | None = None,
     ) -> CachedEntry:
         if not durable:  # a fetched entry; ``durable`` bytes were fsynced by their writer
             os.fsync(fd)
-        return super().publish(paths, fd, meta, src, durable=True, keep_src=keep_src)
+        return super().publish(paths, fd, meta, src, True, keep_src, prepared_meta)
 
     def needs_check(self, entry: CachedEntry) -> bool:
         return False  # published durably: see the module docstring

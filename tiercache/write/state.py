@@ -215,19 +215,26 @@ class WriteState:
             own_bytes = self.bytes_path(staged.entry_id, generation)
             record_path = self.path(staged.entry_id, "json")
             record_tmp: str | None = None
+            meta_tmp: str | None = None
             installed = False
             try:
-                # Everything that needs space first; then renames only.
+                # Everything that needs space first, while the bytes are being fsynced (on a
+                # shared filesystem, each file made is a round trip); then renames only.
                 _link_or_copy(staged.path, own_bytes)
                 record_tmp = prepare_file(record_path, record.to_json(), self._mode)
+                meta_tmp = self.tier.prepare_meta(paths, meta, durable=True)
                 staged.wait_durable()  # the bytes are on disk before anything names them
-                self.tier.publish(paths, staged.fd, meta, src=staged.path, durable=True)
+                self.tier.publish(
+                    paths, staged.fd, meta, src=staged.path, durable=True, prepared_meta=meta_tmp
+                )
                 install(record_tmp, record_path)
                 installed = True
                 fsync_dir(self.dir)
             except BaseException as exc:
                 if record_tmp is not None and not installed:
                     remove_file(record_tmp)
+                if meta_tmp is not None:
+                    remove_file(meta_tmp)  # gone already once publish installed it
                 if installed:
                     self._put_back(staged.entry_id, previous)
                 remove_file(own_bytes)

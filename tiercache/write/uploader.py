@@ -125,6 +125,7 @@ class Uploader:
         self._finished = 0  # uploads this process ended (landed, failed or given back)
         self._started = False
         self._reconciled = threading.Event()  # the scan's reconciliation of the tier ran
+        self._scan_asked = False  # a flush or fsck waits for it: no holding back for writers
         self._first_report: ReconcileReport | None = None  # what it found, until taken
         # Generations in the store whose landing could not be recorded in the tier (a full
         # disk), by entry id: recorded again later, never sent again.
@@ -160,6 +161,9 @@ class Uploader:
         entries without a record, damaged entries of pending writes: see ``reconcile``) has
         run; False if ``timeout`` seconds passed first."""
         self.start()
+        with self._cond:
+            self._scan_asked = True  # now, even while this process writes
+            self._cond.notify_all()
         return self._reconciled.wait(timeout)
 
     def take_first_report(self) -> ReconcileReport | None:
@@ -269,11 +273,17 @@ class Uploader:
         """
         if entry_id in self._streams and not self._hold_parts:
             return  # its parts went while it was written: only the tail is left
+        self._hold_back_while_writing(
+            lambda: entry_id in self._forced or any(e in self._forced for e in self._queue)
+        )
+
+    def _hold_back_while_writing(self, asked: Callable[[], bool]) -> None:
+        """Wait (with the condition held, at most ``_DEFER_WHILE_WRITING`` seconds) until
+        this process has written nothing behind for ``_QUIET_AFTER_WRITES`` seconds, unless
+        the work is ``asked`` for or a ``close()`` waits for room that only uploads make."""
         give_up = time.monotonic() + _DEFER_WHILE_WRITING
         while (now := time.monotonic()) < give_up:
-            if entry_id in self._forced or any(e in self._forced for e in self._queue):
-                return
-            if self._throttled:  # a close() waits for room that only uploads make
+            if asked() or self._throttled:
                 return
             if self._writers == 0 and now - self._last_write >= _QUIET_AFTER_WRITES:
                 return
@@ -330,7 +340,12 @@ class Uploader:
     # -- threads -------------------------------------------------------------------------
 
     def _scan(self) -> None:
-        """Pick up records this process did not write: crashed writers, earlier runs."""
+        """Pick up records this process did not write: crashed writers, earlier runs.
+
+        Like the uploads, the scans hold back while this process writes: on a shared
+        filesystem their listings and entry locks are metadata round trips that the
+        ``close()`` calls of a checkpoint would otherwise wait behind."""
+        self._hold_scan_back()
         try:
             # Once per process: what crashes left.
             self._first_report = reconcile(self._state, self._store)
@@ -358,6 +373,12 @@ class Uploader:
                         self._queue.append(record.entry_id)
                         self._cond.notify_all()
             time.sleep(_SCAN_INTERVAL)
+            self._hold_scan_back()
+
+    def _hold_scan_back(self) -> None:
+        with self._cond:
+            self._hold_back_while_writing(lambda: self._scan_asked or bool(self._forced))
+            self._scan_asked = False
 
     def _ours(self, records: list[Record]) -> list[Record]:
         return [r for r in records if canonical_namespace(r.namespace) == self._namespace]
