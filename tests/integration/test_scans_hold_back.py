@@ -13,19 +13,19 @@ from support.servers_under_test import S3Endpoint
 
 from tiercache import TierCacheFileSystem
 from tiercache.write import uploader
+from tiercache.write.reconcile import reconcile
 
 
 @pytest.fixture
 def reconciled_at(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """When (``time.monotonic()``) each reconciliation of the journal began."""
     times: list[float] = []
-    real = uploader.reconcile
 
     def timed(*args: Any, **kwargs: Any) -> Any:
         times.append(time.monotonic())
-        return real(*args, **kwargs)
+        return reconcile(*args, **kwargs)
 
-    monkeypatch.setattr(uploader, "reconcile", timed)
+    monkeypatch.setattr("tiercache.write.uploader.reconcile", timed)
     return times
 
 
