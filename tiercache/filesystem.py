@@ -508,6 +508,10 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         the metadata cache knew of the key."""
         state = self._runtime.write_state
         with state.store_write(self.read_path.entry_id(bucket, key)) as change:
+            # The cached copies go before the change as well as after it: a process killed
+            # in between must not leave the old version cached over the store's new one (a
+            # fresh reader would be served it). A pending version stays for its record.
+            self.read_path.drop_clean(bucket, key)
             yield
             if state.store_written(change) and change.superseded is not None:
                 self._stats.add("uploads_cancelled")

@@ -405,6 +405,13 @@ class ReadPath:
         if self._shared is not None:
             self._shared.invalidate(self.entry_id(bucket, key), self._config.lock_timeout)
 
+    def drop_clean(self, bucket: str, key: str) -> None:
+        """Drop the cached copies of an object, in both tiers, that hold no pending write."""
+        entry_id = self.entry_id(bucket, key)
+        self._tier.drop_clean(entry_id, self._config.lock_timeout)
+        if self._shared is not None:
+            self._shared.drop_clean(entry_id, self._config.lock_timeout)
+
     def invalidate(self, bucket: str, key: str) -> None:
         """Forget a cached object (it was overwritten or deleted through this filesystem)."""
         entry_id = self.entry_id(bucket, key)

@@ -365,6 +365,15 @@ class LocalTier:
             for path in entry_files(paths):
                 remove_file(path)
 
+    def drop_clean(self, entry_id: str, timeout: float) -> None:
+        """Drop an entry unless it holds a pending write (``dirty``: its record decides)."""
+        with self.entry_lock(entry_id, timeout) as paths:
+            meta = read_meta(paths.meta)
+            if meta is not None and meta.state == "dirty":
+                return
+            for path in entry_files(paths):
+                remove_file(path)
+
     # -- space -------------------------------------------------------------------------------
 
     def usage(self, fresh: bool = False, max_age: float = _SCAN_REUSE_SECONDS) -> int:

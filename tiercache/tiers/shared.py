@@ -97,6 +97,13 @@ class SharedTier(LocalTier):
         if any(os.path.lexists(path) for path in (paths.lock, *entry_files(paths))):
             super().invalidate(entry_id, timeout)
 
+    def drop_clean(self, entry_id: str, timeout: float) -> None:
+        """As ``LocalTier.drop_clean``; no lease is taken when nothing is there (see
+        ``invalidate``)."""
+        paths = self.paths(entry_id)
+        if any(os.path.lexists(path) for path in (paths.lock, *entry_files(paths))):
+            super().drop_clean(entry_id, timeout)
+
     def create_part(self, paths: EntryPaths) -> int:
         """Create this holder's part file; parts left by dead fetchers of the entry go."""
         base = paths.part.rsplit(".", 1)[0]

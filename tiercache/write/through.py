@@ -31,6 +31,9 @@ class WriteThrough:
         tier = self._state.tier
         staged.wait_durable()
         with self._state.store_write(staged.entry_id) as change:
+            # The old copy goes before the store changes (and is replaced after it): a
+            # process killed in between leaves no copy a fresh reader is served over it.
+            tier.drop_clean(staged.entry_id, self._state.lock_timeout)
             info = self._store.upload_file(
                 staged.bucket,
                 staged.key,
