@@ -61,14 +61,19 @@ def test_files_read_whole_by_many_threads_need_no_open_after_the_first_and_keep_
     assert 1 <= first["open_requests"] <= 8, first
     assert first["kernel_opened_files"] == len([s for s in sizes if s]), first
     assert first["passthrough_opens"] == 0
-    # A second epoch, in another order: the kernel kept every page, nothing reaches the mount.
+    # A second epoch, in another order: no open reaches the mount and no file is opened
+    # again; the kernel serves the bytes from the pages it kept. It may reclaim a clean page
+    # under memory pressure (a CI run once read one 4 KiB page again), so a re-read of at
+    # most 1% of the bytes is allowed; a cache dropped across opens would re-read them all.
     picks.shuffle(names)
     with ThreadPoolExecutor(8) as pool:
         assert list(pool.map(lambda n: _read(mnt / n), names)) == [bodies[n] for n in names]
     time.sleep(2.5)
     again = mount_counters(cli, mnt, lambda c: True)
-    for counter in ("open_requests", "kernel_opened_files", "bytes_read"):
+    for counter in ("open_requests", "kernel_opened_files"):
         assert again[counter] == first[counter], (counter, first[counter], again[counter])
+    reread = again["bytes_read"] - first["bytes_read"]
+    assert 0 <= reread <= total // 100, (reread, total)
 
 
 def test_random_reads_seeks_fstat_and_mmap_of_a_kernel_opened_file(
