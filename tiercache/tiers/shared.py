@@ -93,16 +93,19 @@ class SharedTier(LocalTier):
         costs a file, an fsync and a heartbeat. A fetch holds the lease from before its GET
         until it published, so an absent lease file and absent entry files mean none runs.
         """
-        paths = self.paths(entry_id)
-        if any(os.path.lexists(path) for path in (paths.lock, *entry_files(paths))):
+        if self._anything_there(entry_id):
             super().invalidate(entry_id, timeout)
 
     def drop_clean(self, entry_id: str, timeout: float) -> None:
         """As ``LocalTier.drop_clean``; no lease is taken when nothing is there (see
         ``invalidate``)."""
-        paths = self.paths(entry_id)
-        if any(os.path.lexists(path) for path in (paths.lock, *entry_files(paths))):
+        if self._anything_there(entry_id):
             super().drop_clean(entry_id, timeout)
+
+    def _anything_there(self, entry_id: str) -> bool:
+        """An entry file or a lease of the entry exists (a fetch may be running)."""
+        paths = self.paths(entry_id)
+        return any(os.path.lexists(path) for path in (paths.lock, *entry_files(paths)))
 
     def create_part(self, paths: EntryPaths) -> int:
         """Create this holder's part file; parts left by dead fetchers of the entry go."""
