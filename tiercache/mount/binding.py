@@ -31,7 +31,15 @@ def fuse_class(mountpoint: str) -> Any:
     prefer_libfuse3()
     import mfusepy  # noqa: PLC0415  (an optional extra: the rest of tiercache works without)
 
+    # From libfuse 3.12 on, worker threads are never ended for being idle (unless asked).
+    keep_threads = (mfusepy.fuse_version_major, mfusepy.fuse_version_minor) >= (3, 12)
+
     class FUSE(mfusepy.FUSE):  # type: ignore[misc]
+        def _wrapper(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+            if keep_threads:
+                _keep_thread_state()
+            return super()._wrapper(func, *args, **kwargs)
+
         def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
             # mfusepy's read has the operation return bytes and then copies them: reading
             # into libfuse's buffer saves a copy and an allocation per request.
@@ -77,6 +85,30 @@ def fuse_class(mountpoint: str) -> Any:
             super().init_fuse_2(conn)
 
     return FUSE
+
+
+_kept_threads: set[int] = set()
+_kept_lock = threading.Lock()
+
+
+def _keep_thread_state() -> None:
+    """Keep the Python thread state of the libfuse thread serving this request.
+
+    A ctypes callback on a thread Python did not start makes a thread state for the call and
+    deletes it after: every request paid for a new one (its frame stack mapped and unmapped,
+    ``threading.local`` values lost). One more ``PyGILState_Ensure``, never released, keeps it
+    for the thread's next requests. Only with libfuse 3.12 or later, which keeps its worker
+    threads (up to ``max_threads``) for the life of the mount: at most that many are kept
+    (libfuse 2 ends idle threads beyond ten, whose thread states would then be left behind).
+    """
+    ident = threading.get_ident()
+    if ident in _kept_threads:
+        return
+    with _kept_lock:
+        if ident in _kept_threads:
+            return
+        _kept_threads.add(ident)
+    ctypes.pythonapi.PyGILState_Ensure()
 
 
 _UTIME_NOW = (1 << 30) - 1

@@ -105,13 +105,15 @@ class PathReaders:
         over = len(self._handles) - self._limit
         if over <= 0:
             return surplus
-        for path in list(self._handles):
+        oldest_unused = []
+        for path in self._handles:  # oldest first; stops at the first ``over`` unused
             if over <= 0:
                 break
-            if path in self._users:
-                continue
+            if path not in self._users:
+                oldest_unused.append(path)
+                over -= 1
+        for path in oldest_unused:
             surplus.append(self._handles.pop(path))
-            over -= 1
         return surplus
 
     def counters(self) -> dict[str, int]:

@@ -24,6 +24,7 @@ class DirectoryReadAhead:
         self._root = root
         self._k = k
         self._orders: OrderedDict[str, ReadAhead] = OrderedDict()
+        self._listing: set[str] = set()  # directories whose order is being made
         self._lock = threading.Lock()
 
     def opened(self, path: str, size: int) -> None:
@@ -33,8 +34,18 @@ class DirectoryReadAhead:
             order = self._orders.get(parent)
             if order is not None:
                 self._orders.move_to_end(parent)
+            elif parent in self._listing:
+                # Another reader lists the directory: readers that open its files together
+                # (a DataLoader's workers, a thread pool) make one listing, not one each.
+                return
+            else:
+                self._listing.add(parent)
         if order is None:
-            order = self._follow(parent, full)
+            try:
+                order = self._follow(parent, full)
+            finally:
+                with self._lock:
+                    self._listing.discard(parent)
             if order is None:
                 return
         order.opened(full)
