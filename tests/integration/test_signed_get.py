@@ -111,3 +111,30 @@ def test_a_proxy_leaves_gets_to_boto3(monkeypatch: pytest.MonkeyPatch) -> None:
     assert SignedGet.for_client(client, anonymous=False) is not None
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
     assert SignedGet.for_client(client, anonymous=False) is None
+
+
+def test_gets_reuse_one_pool_and_take_another_once_it_is_closed(
+    make_fs: Any, s3_client: Any, bucket: str
+) -> None:
+    for i in range(3):
+        s3_client.put_object(Bucket=bucket, Key=f"pool/{i}", Body=f"object {i}".encode() * 50)
+    fs = make_fs(consistency="always")
+    store = _store(fs)
+    store.client()
+    signed = store._signed_get
+    assert signed is not None and signed.serves(bucket)
+    for i in range(2):
+        stream = store.open_range(bucket, f"pool/{i}", 0, None)
+        assert stream.read(1 << 20) == f"object {i}".encode() * 50
+    pools = list(signed._pools.values())
+    assert len(pools) == 1 and pools[0].pool is not None
+    # The session's manager drops the pool and closes it (as urllib3 1.x does for the hosts
+    # beyond the few it keeps): the next GET takes the session's new pool for the host
+    # instead of failing on the closed one.
+    store.client()._endpoint.http_session._manager.clear()
+    pools[0].close()
+    stream = store.open_range(bucket, "pool/2", 0, None)
+    assert stream.read(1 << 20) == b"object 2" * 50
+    renewed = list(signed._pools.values())
+    assert len(renewed) == 1 and renewed[0] is not pools[0] and renewed[0].pool is not None
+    assert _served_signed(store, bucket)

@@ -5,8 +5,9 @@ parameter validation, endpoint rules, a dozen events, the user agent, the signer
 reads every header (and a date parser for Last-Modified). For an object of 128 KiB that is more
 than reading and caching its bytes, and a dataset of loose files pays it per file. A GET needs
 little of it: this module signs the request (SigV4, the one HMAC chain per day and region
-cached) and sends it with the client's own ``http_session``, so proxies, TLS verification,
-timeouts and the connection pool are botocore's.
+cached) and sends it through the connection pool of the client's own ``http_session``, so
+TLS verification, timeouts and the connections are botocore's (a proxy sends every request
+through boto3).
 
 What the client resolved is learnt, not re-implemented: the URL of a bucket (addressing style,
 regional host, custom endpoint) and the signing region come from one presigned URL per bucket,
@@ -35,6 +36,7 @@ import botocore.exceptions
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _PROBE_KEY = "tiercache-probe"
+_POOLS_KEPT = 10  # botocore's pool manager keeps 10 hosts' pools (urllib3's default)
 _PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy")
 # Replies that mean the request, not the object, was wrong for this bucket: boto3 follows
 # the redirect or re-resolves the region, so the caller repeats it through boto3.
@@ -65,6 +67,7 @@ class SignedGet:
         self._lock = threading.Lock()
         self._buckets: dict[str, tuple[str, str, str] | None] = {}  # url prefix, host, region
         self._keys: dict[tuple[str, str, str], bytes] = {}  # (secret, day, region) -> key
+        self._pools: dict[str, Any] = {}  # url prefix -> the session's urllib3 pool for it
 
     @classmethod
     def for_client(cls, client: Any, anonymous: bool) -> SignedGet | None:
@@ -135,26 +138,59 @@ class SignedGet:
         if target is None:
             raise LookupError(bucket)
         prefix, host, region = target
-        path = quote(key, safe="/~")
-        url = prefix + path
-        signed: Any = self._sign(host, urlsplit(url).path, region, headers)
-        request = botocore.awsrequest.AWSPreparedRequest(
-            method="GET", url=url, headers=signed, body=None, stream_output=True
-        )
-        reply = self._session.send(request)
-        status = int(reply.status_code)
+        url = prefix + quote(key, safe="/~")
+        target_path = urlsplit(url).path
+        signed: Any = self._sign(host, target_path, region, headers)
+        raw = self._send(prefix, url, target_path, signed)
+        status = int(raw.status)
         if status in (200, 206):
-            return reply.raw
-        body = reply.raw.read(64 * 1024)
+            return raw
+        body = raw.read(64 * 1024)
         # What an error reply holds beyond that is read and dropped before the connection
         # goes back to the pool: left unread, it would be taken for the next reply's start.
-        reply.raw.drain_conn()
-        reply.raw.release_conn()
-        error = _client_error(status, reply.headers, body)
+        raw.drain_conn()
+        raw.release_conn()
+        error = _client_error(status, raw.headers, body)
         if status in _ASK_BOTO3 or error.response["Error"]["Code"] in _ASK_BOTO3_CODES:
             self.refuse(bucket)
             raise LookupError(bucket)
         raise StoreRefusedError(error, status)
+
+    def _send(self, prefix: str, url: str, target_path: str, headers: Any) -> Any:
+        """The GET's urllib3 response (body unread), from the connection pool of the client's
+        HTTP session for the bucket's host.
+
+        The pool is asked of the session once per host and kept (for as many hosts as the
+        session keeps pools): the session's own ``send`` looked up proxies, parsed the URL,
+        found the pool and copied the reply's headers for every object, which cost a tenth of
+        a small object's client CPU. A pool closed since is asked for again. Transport errors are
+        urllib3's, which the store classifies as it does botocore's (retried).
+        """
+        pool = self._pools.get(prefix)
+        if pool is None or pool.pool is None:
+            if len(self._pools) >= _POOLS_KEPT:
+                self._pools.clear()  # as many hosts as the session keeps pools for
+            try:
+                manager = self._session._get_connection_manager(url, None)
+                pool = manager.connection_from_url(url)
+                self._session._setup_ssl_cert(pool, url, self._session._verify)
+            except AttributeError:  # an unfamiliar botocore: its own send does it all
+                request = botocore.awsrequest.AWSPreparedRequest(
+                    method="GET", url=url, headers=headers, body=None, stream_output=True
+                )
+                return self._session.send(request).raw
+            self._pools[prefix] = pool
+        return pool.urlopen(
+            "GET",
+            target_path,
+            body=None,
+            headers=headers,
+            retries=False,
+            assert_same_host=False,
+            preload_content=False,
+            decode_content=False,
+            enforce_content_length=False,
+        )
 
     def _sign(self, host: str, path: str, region: str, extra: Mapping[str, str]) -> dict[str, str]:
         now = time.gmtime()
