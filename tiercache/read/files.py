@@ -297,7 +297,12 @@ class ReadPattern:
     and there (worth reading by ranges or blocks). One rule for the file objects and the mount.
     """
 
-    SEQUENTIAL_READS = 2  # reads in order, in a row, that make a reader sequential
+    # Reads in order, in a row, that make a reader sequential. A read away from where the
+    # last one ended starts no row: counted as the first of one, a random reader turned
+    # sequential whenever one read happened to land near the end of the one before (on the
+    # mount, with the kernel's read-ahead, a few times in a thousand reads), and had the
+    # object fetched whole for a few KiB read.
+    SEQUENTIAL_READS = 2
 
     def __init__(self, slack_reads: int = 0) -> None:
         # Reads this many read sizes away from where the last one ended still count as in
@@ -310,7 +315,7 @@ class ReadPattern:
     def read(self, offset: int, size: int) -> bool:
         """A read of ``size`` bytes at ``offset`` is about to be served: whether it is in order."""
         in_order = abs(offset - self._next) <= self._slack * size
-        self.in_a_row = self.in_a_row + 1 if in_order else 1
+        self.in_a_row = self.in_a_row + 1 if in_order else 0
         return in_order
 
     @property
