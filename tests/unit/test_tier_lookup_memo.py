@@ -6,6 +6,9 @@ import dataclasses
 import os
 from pathlib import Path
 
+import pytest
+
+import tiercache.tiers.local as local_module
 from tiercache.store.base import ObjectInfo
 from tiercache.tiers.entry import EntryMeta
 from tiercache.tiers.local import LocalTier
@@ -57,3 +60,31 @@ def test_a_symlinked_meta_is_not_followed(tmp_path: Path) -> None:
     os.unlink(entry.paths.meta)
     os.symlink(elsewhere, entry.paths.meta)
     assert tier.lookup(entry_id, NS, SOURCE) is None
+
+
+def test_an_access_keeps_the_parse_and_moves_the_lru_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier = LocalTier(str(tmp_path / "tier"), 1 << 30)
+    entry_id = _publish(tier, b"one", '"e1"')
+    entry = tier.lookup(entry_id, NS, SOURCE)
+    assert entry is not None
+    os.utime(entry.paths.meta, ns=(10**18, 10**18))  # an old access
+    entry = tier.lookup(entry_id, NS, SOURCE)
+    assert entry is not None
+    parses: list[str] = []
+    real = local_module.read_meta
+    monkeypatch.setattr(local_module, "read_meta", lambda path: parses.append(path) or real(path))
+    for _ in range(5):
+        tier.touch(entry)
+        again = tier.lookup(entry_id, NS, SOURCE)
+        assert again is not None and again.meta is entry.meta
+    assert parses == []  # every open touches the meta: none parsed it again
+    assert os.stat(entry.paths.meta).st_mtime_ns > 10**18 + 10**9  # the LRU clock moved
+
+    # Republished after the touch (a new file, its own inode): read again, never the old.
+    _publish(tier, b"two!", '"e2"')
+    tier.touch(entry)  # a reader of the old version records its access late
+    newer = tier.lookup(entry_id, NS, SOURCE)
+    assert newer is not None and (newer.meta.etag, newer.meta.size) == ('"e2"', 4)
+    assert len(parses) == 1

@@ -268,11 +268,24 @@ class LocalTier:
             return True
 
     def touch(self, entry: CachedEntry) -> None:
-        """Record an access (the meta file's mtime is the LRU clock)."""
+        """Record an access (the meta file's mtime is the LRU clock).
+
+        The time is set here rather than left to the kernel, so that the parse of this meta
+        kept by ``_read_meta`` is kept under its new mtime: left to the kernel, every warm
+        open changed the identity it is kept under, and the next open parsed the JSON again
+        (a quarter of a warm open through the mount). Only the parse of the file this entry
+        was read from is re-keyed: one renamed over it meanwhile has another inode.
+        """
+        path = entry.paths.meta
+        now = time.time_ns()
         try:
-            os.utime(entry.paths.meta, follow_symlinks=False)
+            os.utime(path, ns=(now, now), follow_symlinks=False)
         except OSError:
-            pass  # evicted meanwhile: nothing to record
+            return  # evicted meanwhile: nothing to record
+        known = self._metas.get(path)
+        if known is not None and known[1] is entry.meta:
+            dev, ino, _, size = known[0]
+            self._metas[path] = ((dev, ino, now, size), entry.meta)
 
     def replace_meta(self, entry: CachedEntry, meta: EntryMeta) -> CachedEntry:
         """Rewrite an entry's metadata (after a revalidation)."""
