@@ -87,8 +87,7 @@ def fuse_class(mountpoint: str) -> Any:
     return FUSE
 
 
-_kept_threads: set[int] = set()
-_kept_lock = threading.Lock()
+_kept_threads: set[int] = set()  # only each thread adds itself: no lock needed
 
 
 def _keep_thread_state() -> None:
@@ -102,13 +101,9 @@ def _keep_thread_state() -> None:
     (libfuse 2 ends idle threads beyond ten, whose thread states would then be left behind).
     """
     ident = threading.get_ident()
-    if ident in _kept_threads:
-        return
-    with _kept_lock:
-        if ident in _kept_threads:
-            return
+    if ident not in _kept_threads:
         _kept_threads.add(ident)
-    ctypes.pythonapi.PyGILState_Ensure()
+        ctypes.pythonapi.PyGILState_Ensure()
 
 
 _UTIME_NOW = (1 << 30) - 1
