@@ -405,10 +405,11 @@ def print_baseline_checks(checks: dict[str, Any]) -> None:
 # -- results -----------------------------------------------------------------------------------
 
 
-def filesystem_type(path: str) -> str:
-    """The type of the filesystem ``path`` is on, from /proc/mounts ("unknown" elsewhere)."""
+def mount_of(path: str | Path) -> tuple[str, str, str]:
+    """The mount ``path`` is on, from /proc/mounts: (mount point, type, source); the type is
+    "unknown" where that cannot be read."""
     real = os.path.realpath(path)
-    best, kind = "", "unknown"
+    best = ("", "unknown", "")
     try:
         with open("/proc/mounts") as mounts:
             for line in mounts:
@@ -417,11 +418,16 @@ def filesystem_type(path: str) -> str:
                     continue
                 point = fields[1].replace("\\040", " ")
                 inside = real == point or real.startswith(point.rstrip("/") + "/")
-                if inside and len(point) > len(best):
-                    best, kind = point, fields[2]
+                if inside and len(point) > len(best[0]):
+                    best = (point, fields[2], fields[0])
     except OSError:
         pass
-    return kind
+    return best
+
+
+def filesystem_type(path: str) -> str:
+    """The type of the filesystem ``path`` is on, from /proc/mounts ("unknown" elsewhere)."""
+    return mount_of(path)[1]
 
 
 def package_version(name: str) -> str:
@@ -444,6 +450,37 @@ def machine_info(endpoint: Endpoint) -> dict[str, Any]:
         if endpoint.started_here
         else endpoint.url,
     }
+
+
+def scratch_filesystem(path: Path) -> dict[str, Any]:
+    """The filesystem under ``path`` (where a benchmark's tiers and files go): its mount
+    point, type and, for ext4, whether it has a journal (None where that cannot be told).
+
+    On ext4 without a journal the kernel skips every inode freed in the last minutes when it
+    allocates one (``recently_deleted``, which reads each skipped inode from its table), so
+    after thousands of files were removed creating one costs 10-30 times as much, for up to
+    six minutes. tiercache creates files for every object it caches, the plain clients none:
+    there its cold figures measure the filesystem's history, not the cache.
+    """
+    point, fstype, source = mount_of(path)
+    journal: bool | None = None
+    if fstype == "ext4":
+        task = Path("/sys/fs/ext4") / os.path.basename(source) / "journal_task"
+        with contextlib.suppress(OSError):
+            journal = task.read_text().strip() != "<none>"
+    return {"mount_point": point, "type": fstype, "journal": journal}
+
+
+def warn_scratch_filesystem(info: dict[str, Any]) -> None:
+    """Say on stderr when the benchmark's files are on an ext4 without a journal."""
+    if info["type"] == "ext4" and info["journal"] is False:
+        print(
+            f"warning: the benchmark's files (its tiers) are on {info['mount_point']}, an ext4 "
+            "without a journal, where creating a file after many were removed costs 10-30x "
+            "(the kernel's recently_deleted check); cold tiercache figures then measure that. "
+            "Point TMPDIR at a filesystem with a journal (an NVMe tier's usual ext4 or xfs).",
+            file=sys.stderr,
+        )
 
 
 # A ratio: (name, numerator mode, denominator modes (the fastest counts), target or None).
@@ -515,11 +552,15 @@ def run_main(
             print("--plot: this benchmark has no chart", file=sys.stderr)
             return 2
     tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix))
+    scratch = scratch_filesystem(tmp)
+    warn_scratch_filesystem(scratch)
     if prepare is not None:
         prepare(tmp)
     try:
         with s3_endpoint(args.endpoint, tmp) as endpoint:
             result = benchmark(args, endpoint, tmp)
+            if isinstance(result.get("machine"), dict):
+                result["machine"]["scratch_filesystem"] = scratch
     except VerifyError as exc:
         print(f"VERIFICATION FAILED: {exc}", file=sys.stderr)
         return 1
