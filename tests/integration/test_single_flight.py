@@ -66,3 +66,45 @@ def test_eight_processes_one_get(s3: Any, s3_client: Any, bucket: str, tmp_path:
     assert [digest for digest, _, _ in results] == [expected] * 8
     assert sum(gets for _, gets, _ in results) == 1
     assert sum(fetches for _, _, fetches in results) == 1
+
+
+def test_a_reader_whose_lookup_came_just_before_the_publish_joins_that_fetch(
+    make_fs: Any, s3_client: Any, bucket: str
+) -> None:
+    """The interleaving that made an asyncio test count 8 misses for 7 GETs: a reader looks
+    in the tier just before a fetch publishes, and asks for the object after the fetch has
+    finished but before it left the table of running fetches. It joins that fetch: no second
+    fetch, no second miss."""
+    data = os.urandom(MiB)
+    s3_client.put_object(Bucket=bucket, Key="late.bin", Body=data)
+    fs = make_fs(consistency="immutable")
+    read_path = fs.read_path
+    leave_table = threading.Event()
+    landed = read_path._landed
+
+    def landed_later(fetch: Any) -> None:  # the finished fetch stays in the table meanwhile
+        leave_table.wait(30)
+        landed(fetch)
+
+    read_path._landed = landed_later  # taken by each fetch when it is made
+    try:
+        assert fs.cat_file(f"{bucket}/late.bin") == data
+        (fetch,) = read_path._flights.values()
+        fetch.wait_finished()
+        hit = read_path._open_hit
+        missed_once: list[bool] = []
+
+        def lookup_before_the_publish(*args: Any) -> Any:
+            if not missed_once:
+                missed_once.append(True)
+                return None  # what the lookup saw a moment before the publish
+            return hit(*args)
+
+        read_path._open_hit = lookup_before_the_publish
+        assert fs.cat_file(f"{bucket}/late.bin") == data
+        assert missed_once
+    finally:
+        leave_table.set()
+    stats = fs.stats()
+    assert stats["store_requests"]["GetObject"] == 1
+    assert stats["misses"] == 1 and stats["fetches_joined"] == 1

@@ -371,10 +371,11 @@ class ReadPath:
         self._authorized[entry.entry_id] = time.time()
 
     def in_flight(self, bucket: str, key: str) -> Fetch | None:
-        """The fetch of this object running in this process, if any (prefetch reports joins)."""
+        """The fetch of this object running in this process (or publishing just now: see
+        ``_joinable``), if any (prefetch reports joins)."""
         with self._flights_lock:
             fetch = self._flights.get(self.entry_id(bucket, key))
-        return fetch if fetch is not None and not fetch.finished else None
+        return fetch if fetch is not None and _joinable(fetch) else None
 
     def hold(self, fetch: Fetch) -> int:
         """A descriptor with a shared lock on the bytes ``fetch`` brings, taken on the part file
@@ -568,9 +569,9 @@ class ReadPath:
         entry_id = self.entry_id(bucket, key)
         with self._flights_lock:
             running = self._flights.get(entry_id)
-            if running is not None and not running.finished:
+            if running is not None and _joinable(running):
                 self._stats.add("fetches_joined")
-                if not by_blocks:
+                if not by_blocks and not running.finished:
                     running.decide(True)  # a prefetch wants it whole, whatever a reader read
                 return running
             request = FetchRequest(
@@ -633,3 +634,11 @@ class ReadPath:
         with self._flights_lock:
             if self._flights.get(fetch.request.entry_id) is fetch:
                 del self._flights[fetch.request.entry_id]
+
+
+def _joinable(fetch: Fetch) -> bool:
+    """Whether a fetch in the table is joined rather than started again: it is running, or it
+    published a moment ago and has not left the table yet (a reader whose lookup came just
+    before that publish would otherwise start a fetch that finds the entry at once, fetching
+    nothing but counting a miss)."""
+    return not fetch.finished or fetch.entry is not None
