@@ -156,6 +156,23 @@ def read_meta(path: str) -> EntryMeta | None:
     return None if raw is None else EntryMeta.from_json(raw)
 
 
+def read_meta_if_present(path: str) -> tuple[EntryMeta | None, bool]:
+    """``read_meta``, and whether the file was there at all (torn or foreign counts)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None, False
+    except OSError:
+        return None, True
+    try:
+        raw = os.read(fd, 1 << 20)
+    except OSError:
+        return None, True
+    finally:
+        os.close(fd)
+    return EntryMeta.from_json(raw), True
+
+
 def read_small_file(path: str, limit: int) -> bytes | None:
     """Up to ``limit`` bytes of a tier's small file (never through a link); None if unreadable."""
     try:

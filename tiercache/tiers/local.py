@@ -163,8 +163,7 @@ class LocalTier:
             raise ValueError(f"not an entry id: {entry_id!r}")
         shard = os.path.join(self.objects_dir, entry_id[:2])
         if shard not in self._shards_ready:
-            os.makedirs(shard, mode=self.dir_mode, exist_ok=True)
-            _require_real_dir(shard, self.root)
+            self._make_shard(shard)
             self._shards_ready.add(shard)
         base = os.path.join(shard, entry_id)
         paths = EntryPaths(base + ".data", base + ".meta", base + ".lock", base + ".part")
@@ -172,6 +171,20 @@ class LocalTier:
             self._paths.clear()
         self._paths[entry_id] = paths  # an open names its entry several times
         return paths
+
+    def _make_shard(self, shard: str) -> os.stat_result:
+        """Make a shard directory of ``objects/`` (or find it made) and check that it is a
+        real directory. A real directory named in the checked ``objects/`` cannot lead out of
+        the tier, so one ``lstat`` stands for a walk of the whole path (a metadata round trip
+        per component on a shared filesystem)."""
+        try:
+            os.mkdir(shard, self.dir_mode)
+        except FileExistsError:
+            pass
+        st = os.lstat(shard)
+        if not stat.S_ISDIR(st.st_mode):
+            raise PermissionError(13, "tier directory is a symlink or escapes the tier root", shard)
+        return st
 
     # -- lookups -----------------------------------------------------------------------------
 
@@ -321,6 +334,7 @@ class LocalTier:
         durable: bool = False,
         keep_src: bool = False,
         prepared_meta: str | None = None,
+        meta_absent: bool = False,
     ) -> CachedEntry:
         """Make the part file (or the staged file ``src``) the entry's data; hold the entry lock.
 
@@ -330,7 +344,8 @@ class LocalTier:
         that exists nowhere else, already fsynced by the writer) fsyncs meta and directory.
         ``keep_src``: ``src`` stays where it is, linked as the data (where the filesystem has
         hard links), so that what it belongs to stays readable until its owner removes it.
-        ``prepared_meta``: ``meta`` written already by ``prepare_meta`` (durably).
+        ``prepared_meta``: ``meta`` written already by ``prepare_meta``. ``meta_absent``: the
+        caller found no meta file under the entry lock (nothing to remove first).
         """
         if not self.boot_id:
             os.fsync(fd)
@@ -340,7 +355,8 @@ class LocalTier:
         # here and leaves the old entry as it was.
         tmp_meta = prepared_meta or self.prepare_meta(paths, meta, durable)
         try:
-            remove_file(paths.meta)
+            if not meta_absent:
+                remove_file(paths.meta)
             if not (keep_src and src is not None and _link_over(src, paths.data)):
                 os.rename(src or paths.part, paths.data)
         except BaseException:

@@ -64,13 +64,12 @@ class SharedTier(LocalTier):
         for path in (self.root, self.objects_dir, self.staging_dir):
             _set_mode(path, dir_mode)
 
-    def paths(self, entry_id: str) -> EntryPaths:
-        shard = os.path.join(self.objects_dir, entry_id[:2])
-        fresh = shard not in self._shards_ready
-        paths = super().paths(entry_id)
-        if fresh:
-            _set_mode(shard, self.dir_mode)
-        return paths
+    def _make_shard(self, shard: str) -> os.stat_result:
+        st = super()._make_shard(shard)
+        if st.st_mode & 0o7777 != self.dir_mode:  # the umask took group bits away
+            with contextlib.suppress(PermissionError):  # another user's: left as it is
+                os.chmod(shard, self.dir_mode)
+        return st
 
     @property
     def host_id(self) -> str:
@@ -124,10 +123,11 @@ class SharedTier(LocalTier):
         durable: bool = False,
         keep_src: bool = False,
         prepared_meta: str | None = None,
+        meta_absent: bool = False,
     ) -> CachedEntry:
         if not durable:  # a fetched entry; ``durable`` bytes were fsynced by their writer
             os.fsync(fd)
-        return super().publish(paths, fd, meta, src, True, keep_src, prepared_meta)
+        return super().publish(paths, fd, meta, src, True, keep_src, prepared_meta, meta_absent)
 
     def needs_check(self, entry: CachedEntry) -> bool:
         return False  # published durably: see the module docstring

@@ -53,6 +53,7 @@ from tiercache.tiers.entry import (
     install,
     prepare_file,
     read_meta,
+    read_meta_if_present,
     write_atomically,
 )
 from tiercache.tiers.local import LocalTier, entry_files, fsync_dir, remove_file
@@ -189,7 +190,7 @@ class WriteState:
         cached already."""
         with self.tier.entry_lock(staged.entry_id, self.lock_timeout) as paths:
             previous = self.get(staged.entry_id)
-            entry = read_meta(paths.meta)
+            entry, meta_present = read_meta_if_present(paths.meta)
             newest = max(previous.generation if previous else 0, entry.generation if entry else 0)
             if acknowledged_ns is not None and newest >= acknowledged_ns:
                 raise OvertakenError(f"{staged.source}: a newer version was committed since")
@@ -222,10 +223,18 @@ class WriteState:
                 # shared filesystem, each file made is a round trip); then renames only.
                 _link_or_copy(staged.path, own_bytes)
                 record_tmp = prepare_file(record_path, record.to_json(), self._mode)
-                meta_tmp = self.tier.prepare_meta(paths, meta, durable=True)
+                # Not fsynced: the record and the journal's own bytes are the durable truth of
+                # a pending write; a meta a crash left empty is published again from them.
+                meta_tmp = self.tier.prepare_meta(paths, meta, durable=False)
                 staged.wait_durable()  # the bytes are on disk before anything names them
                 self.tier.publish(
-                    paths, staged.fd, meta, src=staged.path, durable=True, prepared_meta=meta_tmp
+                    paths,
+                    staged.fd,
+                    meta,
+                    src=staged.path,
+                    durable=True,
+                    prepared_meta=meta_tmp,
+                    meta_absent=not meta_present,
                 )
                 install(record_tmp, record_path)
                 installed = True
