@@ -126,6 +126,8 @@ class Pending:
             meta.write_bytes(b'{"source": "s3://' + os.urandom(16))
         elif how == "missing_meta":
             meta.unlink()
+        elif how == "empty_meta":  # a commit does not fsync it: a power loss can leave this
+            meta.write_bytes(b"")
         elif how == "truncated_data":  # a shorter file in its place: the journal's is intact
             data.unlink()
             data.write_bytes(NEW[:7])
@@ -140,7 +142,7 @@ class Pending:
         self.proxy.clear()
 
 
-DAMAGE = ["garbled_meta", "missing_meta", "truncated_data", "missing_data"]
+DAMAGE = ["garbled_meta", "missing_meta", "empty_meta", "truncated_data", "missing_data"]
 
 
 @pytest.fixture

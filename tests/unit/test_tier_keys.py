@@ -89,6 +89,20 @@ def test_symlinked_shard_directory_is_refused(tmp_path: Path) -> None:
     assert list(elsewhere.iterdir()) == []
 
 
+def test_shard_that_is_not_a_directory_is_refused(tmp_path: Path) -> None:
+    store = MemoryStore(["bkt"])
+    store.put_bytes("bkt", "k", b"data")
+    root = tmp_path / "t"
+    fs = TierCacheFileSystem(store=store, local_dir=str(root), skip_instance_cache=True)
+    shard = root / "objects" / fs.read_path.entry_id("bkt", "k")[:2]
+    shard.write_bytes(b"not a directory")
+    with pytest.raises(PermissionError):
+        fs.cat("bkt/k")
+    with pytest.raises(PermissionError), fs.open("bkt/k", "wb") as f:
+        f.write(b"new")
+    assert shard.read_bytes() == b"not a directory"
+
+
 def test_tier_files_are_private(tmp_path: Path) -> None:
     store = MemoryStore(["bkt"])
     store.put_bytes("bkt", "k", b"data")
