@@ -28,6 +28,10 @@ from tiercache.write.state import Record, WriteState
 from tiercache.write.uploader import Uploader
 
 _POLL = 0.05
+# How old the journal's pending bytes may be when a close() checks the dirty budget: far
+# from it (under half), and near it (see ``WriteBehind._wait_for_room``).
+_RESCAN_FAR = 5.0
+_RESCAN_NEAR = 0.5
 log = logging.getLogger("tiercache.write")
 
 
@@ -97,15 +101,19 @@ class WriteBehind:
         """Back-pressure: block (never fail) while too many bytes wait for upload.
 
         Only DIRTY records count: a FAILED one waits for the user, not for the store, and
-        must not block later writes. The journal is read at most every half second while
-        there is room, and on every poll once a writer has to wait.
+        must not block later writes. Reading the journal is a listing and a read per record
+        (metadata round trips on a shared tier, and a ceph-fuse client runs them only after
+        the staged file's fsync): it is read at most every ``_RESCAN_FAR`` seconds while the
+        pending bytes known here (the last reading plus this process's commits since) stay
+        under half the budget, every ``_RESCAN_NEAR`` seconds above that, and on every poll
+        once a writer has to wait.
         """
         budget = self._config.dirty_budget
         fresh = False
         waited = False
         with ExitStack() as waiting:
             while True:
-                dirty = self._dirty_bytes(staged.entry_id, fresh)
+                dirty = self._dirty_bytes(staged.entry_id, fresh, staged.size, budget)
                 if dirty == 0 or dirty + staged.size <= budget:
                     break
                 if fresh and not waited:
@@ -121,10 +129,12 @@ class WriteBehind:
         with self._lock:
             self._dirty_seen[1][staged.entry_id] = staged.size
 
-    def _dirty_bytes(self, exclude: str, fresh: bool) -> int:
+    def _dirty_bytes(self, exclude: str, fresh: bool, incoming: int = 0, budget: int = 0) -> int:
         with self._lock:
-            stamp = self._dirty_seen[0]
-        if fresh or time.monotonic() - stamp > 0.5:
+            stamp, sizes = self._dirty_seen
+            known = sum(size for entry_id, size in sizes.items() if entry_id != exclude)
+        far = known + incoming <= budget // 2
+        if fresh or time.monotonic() - stamp > (_RESCAN_FAR if far else _RESCAN_NEAR):
             sizes = {r.entry_id: r.size for r in self._state.records() if r.state == "dirty"}
             with self._lock:
                 self._dirty_seen = (time.monotonic(), sizes)
