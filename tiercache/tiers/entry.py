@@ -152,8 +152,7 @@ def install(tmp: str, path: str) -> None:
 
 def read_meta(path: str) -> EntryMeta | None:
     """Read an entry's metadata; a missing or unreadable file is a miss, not an error."""
-    raw = read_small_file(path, 1 << 20)
-    return None if raw is None else EntryMeta.from_json(raw)
+    return read_meta_if_present(path)[0]
 
 
 def read_meta_if_present(path: str) -> tuple[EntryMeta | None, bool]:

@@ -129,7 +129,7 @@ class WriteBehind:
         with self._lock:
             self._dirty_seen[1][staged.entry_id] = staged.size
 
-    def _dirty_bytes(self, exclude: str, fresh: bool, incoming: int = 0, budget: int = 0) -> int:
+    def _dirty_bytes(self, exclude: str, fresh: bool, incoming: int, budget: int) -> int:
         with self._lock:
             stamp, sizes = self._dirty_seen
             known = sum(size for entry_id, size in sizes.items() if entry_id != exclude)
