@@ -31,7 +31,11 @@ HOST = "127.0.0.1"
 # weed listens on P..P+4 (s3, master, volume, filer, admin) and on each of those +10000 for
 # gRPC, so P + 10004 must stay a valid port.
 MAX_PORT = 55000
-_AUTO_PORT_RANGE = (20000, 45000)
+# Automatic ports keep all ten below Linux's ephemeral range (32768 and up by default): a
+# client connection's local port, which the kernel picks from that range, can then never hold
+# one of them while a test restarts its server on the same ports (a connection left in
+# CLOSE_WAIT to the stopped server made the restart's listen fail: "address already in use").
+_AUTO_PORT_RANGE = (10000, 22700)
 _AUTO_PORT_TRIES = 50
 _START_ATTEMPTS = 3
 _STOP_GRACE_S = 15.0

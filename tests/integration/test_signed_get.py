@@ -1,8 +1,9 @@
 """GETs signed by tiercache itself: served by the server (never a silent fallback), one request
-each, awkward keys intact, and errors mapped as boto3's are."""
+each, awkward keys intact, errors mapped as boto3's are, and connections kept and renewed."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,7 @@ def test_a_proxy_leaves_gets_to_boto3(monkeypatch: pytest.MonkeyPatch) -> None:
     assert SignedGet.for_client(client, anonymous=False) is None
 
 
-def test_gets_reuse_one_pool_and_take_another_once_it_is_closed(
+def test_gets_reuse_their_connection_and_replace_one_found_closed(
     make_fs: Any, s3_client: Any, bucket: str
 ) -> None:
     for i in range(3):
@@ -126,15 +127,14 @@ def test_gets_reuse_one_pool_and_take_another_once_it_is_closed(
     for i in range(2):
         stream = store.open_range(bucket, f"pool/{i}", 0, None)
         assert stream.read(1 << 20) == f"object {i}".encode() * 50
-    pools = list(signed._pools.values())
-    assert len(pools) == 1 and pools[0].pool is not None
-    # The session's manager drops the pool and closes it (as urllib3 1.x does for the hosts
-    # beyond the few it keeps): the next GET takes the session's new pool for the host
-    # instead of failing on the closed one.
-    store.client()._endpoint.http_session._manager.clear()
-    pools[0].close()
+        stream.close()
+    origins = list(signed._origins.values())
+    assert len(origins) == 1 and origins[0].idle_count() == 1  # one connection, used twice
+    # The idle connection ends (as when the server closes it after its keep-alive time):
+    # the next GET notices before sending and takes a new connection instead of failing.
+    origins[0]._idle[0].sock.shutdown(socket.SHUT_RDWR)
     stream = store.open_range(bucket, "pool/2", 0, None)
     assert stream.read(1 << 20) == b"object 2" * 50
-    renewed = list(signed._pools.values())
-    assert len(renewed) == 1 and renewed[0] is not pools[0] and renewed[0].pool is not None
+    stream.close()
+    assert origins[0].idle_count() == 1
     assert _served_signed(store, bucket)

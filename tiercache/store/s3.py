@@ -22,6 +22,7 @@ from tiercache import forksafe
 from tiercache.errors import AccessDeniedError, ObjectChangedError, StoreError
 from tiercache.store.base import ListEntry, ObjectInfo
 from tiercache.store.endpoint import AWS_NAMESPACE, canonical_endpoint, configured_endpoint
+from tiercache.store.http_get import GetReply
 from tiercache.store.multipart import PartGovernor, PartSender, SendsParts, part_size_for
 from tiercache.store.retry import RetryableError, RetryPolicy
 from tiercache.store.s3_errors import translate_client_error, translate_transport_error
@@ -38,10 +39,10 @@ _STREAM_CHUNK = 1024 * 1024
 class S3Stream:
     """Body of a ranged GetObject; transport errors surface as ``RetryableError``.
 
-    ``read`` and ``readinto`` read straight from the ``http.client`` response under
-    botocore/urllib3 when they can: botocore's ``read(n)`` copies every byte twice more
-    (measured: half the client CPU of a cold fetch). botocore asks urllib3 for undecoded
-    content, so the bytes are the same.
+    ``read`` and ``readinto`` read straight from a signed GET's reply, or from the
+    ``http.client`` response under botocore/urllib3 when they can: botocore's ``read(n)``
+    copies every byte twice more (measured: half the client CPU of a cold fetch). botocore
+    asks urllib3 for undecoded content, so the bytes are the same.
     """
 
     def __init__(self, info: ObjectInfo, start: int, end: int, body: Any) -> None:
@@ -49,9 +50,9 @@ class S3Stream:
         self.start = start
         self.end = end
         self._body = body
-        # botocore's StreamingBody wraps urllib3's response; a signed GET's body is that.
+        # botocore's StreamingBody wraps urllib3's response; a signed GET's body is its reply.
         self._raw: Any = getattr(body, "_raw_stream", body)
-        fp = getattr(self._raw, "_fp", None)
+        fp = body if isinstance(body, GetReply) else getattr(self._raw, "_fp", None)
         self._direct = fp if callable(getattr(fp, "readinto", None)) else None
         self._received = 0
 

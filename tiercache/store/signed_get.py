@@ -1,13 +1,13 @@
-"""``SignedGet``: GetObject signed here and sent through botocore's own HTTP session.
+"""``SignedGet``: GetObject signed here and sent on connections of its own.
 
 A GetObject through a boto3 client costs about 1 ms of client CPU before the first byte:
 parameter validation, endpoint rules, a dozen events, the user agent, the signer, a parser that
 reads every header (and a date parser for Last-Modified). For an object of 128 KiB that is more
 than reading and caching its bytes, and a dataset of loose files pays it per file. A GET needs
 little of it: this module signs the request (SigV4, the one HMAC chain per day and region
-cached) and sends it through the connection pool of the client's own ``http_session``, so
-TLS verification, timeouts and the connections are botocore's (a proxy sends every request
-through boto3).
+cached) and sends it on keep-alive connections of its own (``http_get``), with the timeouts,
+pool size, socket options and certificate checking of the client's own HTTP session. A client
+with a proxy or a client certificate leaves every GET to boto3.
 
 What the client resolved is learnt, not re-implemented: the URL of a bucket (addressing style,
 regional host, custom endpoint) and the signing region come from one presigned URL per bucket,
@@ -20,6 +20,7 @@ through boto3 and stop using this path for the bucket.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import hmac
 import os
@@ -31,12 +32,13 @@ from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
 from xml.etree import ElementTree
 
-import botocore.awsrequest
 import botocore.exceptions
+
+from tiercache.store.http_get import GetConnections, GetReply, ssl_context_for
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _PROBE_KEY = "tiercache-probe"
-_POOLS_KEPT = 10  # botocore's pool manager keeps 10 hosts' pools (urllib3's default)
+_ORIGINS_KEPT = 10  # botocore's pool manager keeps 10 hosts' pools (urllib3's default)
 _PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy")
 # Replies that mean the request, not the object, was wrong for this bucket: boto3 follows
 # the redirect or re-resolves the region, so the caller repeats it through boto3.
@@ -63,16 +65,24 @@ class SignedGet:
         self._anonymous = anonymous
         signer = getattr(client, "_request_signer", None)
         self._credentials: Any = getattr(signer, "_credentials", None)
-        self._session = client._endpoint.http_session
+        session = client._endpoint.http_session
+        timeout = session._timeout  # a number, or urllib3's Timeout(connect, read)
+        self._connect_timeout = getattr(timeout, "connect_timeout", timeout)
+        self._read_timeout = getattr(timeout, "read_timeout", timeout)
+        self._keep = int(session._max_pool_connections)
+        self._socket_options = list(session._socket_options or ())
+        self._verify = session._verify
+        self._client_cert = session._cert_file
         self._lock = threading.Lock()
         self._buckets: dict[str, tuple[str, str, str] | None] = {}  # url prefix, host, region
         self._keys: dict[tuple[str, str, str], bytes] = {}  # (secret, day, region) -> key
-        self._pools: dict[str, Any] = {}  # url prefix -> the session's urllib3 pool for it
+        self._origins: dict[str, GetConnections] = {}  # scheme://netloc -> its connections
 
     @classmethod
     def for_client(cls, client: Any, anonymous: bool) -> SignedGet | None:
         """The signed-GET path for ``client``, or None where it cannot stand in for boto3
-        (a proxy configured, no credentials to sign with, an unfamiliar botocore)."""
+        (a proxy or a client certificate configured, no credentials to sign with, an
+        unfamiliar botocore)."""
         if any(os.environ.get(name) for name in _PROXY_VARIABLES):
             return None
         if getattr(client.meta.config, "proxies", None):
@@ -80,6 +90,8 @@ class SignedGet:
         try:
             signed = cls(client, anonymous)
         except AttributeError:
+            return None
+        if signed._client_cert is not None:
             return None
         if not anonymous and signed._credentials is None:
             return None
@@ -126,12 +138,12 @@ class SignedGet:
             host = host[: -len(default_port)]
         return prefix, host, region
 
-    def get(self, bucket: str, key: str, headers: Mapping[str, str]) -> Any:
-        """Send the GET; the reply's urllib3 response (200 or 206, body unread).
+    def get(self, bucket: str, key: str, headers: Mapping[str, str]) -> GetReply:
+        """Send the GET; the reply (200 or 206, body unread).
 
         Raises ``StoreRefusedError`` for an error reply, ``LookupError`` for one the caller
         should repeat through boto3 (the bucket is then refused), and botocore's transport
-        errors as botocore raises them.
+        errors as ``ConnectionError`` or ``TimeoutError``.
         """
         with self._lock:
             target = self._buckets.get(bucket)
@@ -140,9 +152,9 @@ class SignedGet:
         prefix, host, region = target
         url = prefix + quote(key, safe="/~")
         target_path = urlsplit(url).path
-        signed: Any = self._sign(host, target_path, region, headers)
-        raw = self._send(prefix, url, target_path, signed)
-        status = int(raw.status)
+        signed = self._sign(host, target_path, region, headers)
+        raw = self._connections(url).get(target_path, host, signed)
+        status = raw.status
         if status in (200, 206):
             return raw
         body = raw.read(64 * 1024)
@@ -156,41 +168,36 @@ class SignedGet:
             raise LookupError(bucket)
         raise StoreRefusedError(error, status)
 
-    def _send(self, prefix: str, url: str, target_path: str, headers: Any) -> Any:
-        """The GET's urllib3 response (body unread), from the connection pool of the client's
-        HTTP session for the bucket's host.
-
-        The pool is asked of the session once per host and kept (for as many hosts as the
-        session keeps pools): the session's own ``send`` looked up proxies, parsed the URL,
-        found the pool and copied the reply's headers for every object, which cost a tenth of
-        a small object's client CPU. A pool closed since is asked for again. Transport errors are
-        urllib3's, which the store classifies as it does botocore's (retried).
-        """
-        pool = self._pools.get(prefix)
-        if pool is None or pool.pool is None:
-            if len(self._pools) >= _POOLS_KEPT:
-                self._pools.clear()  # as many hosts as the session keeps pools for
-            try:
-                manager = self._session._get_connection_manager(url, None)
-                pool = manager.connection_from_url(url)
-                self._session._setup_ssl_cert(pool, url, self._session._verify)
-            except AttributeError:  # an unfamiliar botocore: its own send does it all
-                request = botocore.awsrequest.AWSPreparedRequest(
-                    method="GET", url=url, headers=headers, body=None, stream_output=True
-                )
-                return self._session.send(request).raw
-            self._pools[prefix] = pool
-        return pool.urlopen(
-            "GET",
-            target_path,
-            body=None,
-            headers=headers,
-            retries=False,
-            assert_same_host=False,
-            preload_content=False,
-            decode_content=False,
-            enforce_content_length=False,
+    def _connections(self, url: str) -> GetConnections:
+        """The connections to ``url``'s origin, made on first use (for as many origins as the
+        client's session keeps pools for)."""
+        parts = urlsplit(url)
+        origin = f"{parts.scheme}://{parts.netloc}"
+        connections = self._origins.get(origin)
+        if connections is not None:
+            return connections
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        made = GetConnections(
+            parts.scheme,
+            parts.hostname or "",
+            port,
+            connect_timeout=self._connect_timeout,
+            read_timeout=self._read_timeout,
+            keep=self._keep,
+            ssl_context=ssl_context_for(self._verify) if parts.scheme == "https" else None,
+            socket_options=self._socket_options,
         )
+        with self._lock:
+            connections = self._origins.get(origin)
+            if connections is None:
+                if len(self._origins) >= _ORIGINS_KEPT:
+                    for old in self._origins.values():
+                        old.close()
+                    self._origins.clear()
+                self._origins[origin] = connections = made
+        if connections is not made:
+            made.close()
+        return connections
 
     def _sign(self, host: str, path: str, region: str, extra: Mapping[str, str]) -> dict[str, str]:
         now = time.gmtime()
@@ -257,10 +264,36 @@ def reply_fields(headers: Mapping[str, str]) -> dict[str, Any]:
     modified = headers.get("last-modified")
     if modified:
         try:
-            fields["LastModified"] = parsedate_to_datetime(modified)
+            fields["LastModified"] = _http_date(modified)
         except (TypeError, ValueError):
             pass
     return fields
+
+
+_MONTH_NAMES = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_MONTHS = {name: i for i, name in enumerate(_MONTH_NAMES, 1)}
+
+
+def _http_date(value: str) -> datetime.datetime:
+    """An HTTP date; the usual form ("Sat, 05 Dec 2026 09:22:25 GMT") without the ``email``
+    package's general parser, which cost a tenth of a small object's reply."""
+    parts = value.split()
+    if len(parts) == 6 and parts[5] == "GMT" and parts[2] in _MONTHS:
+        clock = parts[4].split(":")
+        if len(clock) == 3:
+            try:
+                return datetime.datetime(
+                    int(parts[3]),
+                    _MONTHS[parts[2]],
+                    int(parts[1]),
+                    int(clock[0]),
+                    int(clock[1]),
+                    int(clock[2]),
+                    tzinfo=datetime.timezone.utc,
+                )
+            except ValueError:
+                pass
+    return parsedate_to_datetime(value)
 
 
 def _client_error(
