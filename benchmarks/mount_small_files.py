@@ -35,7 +35,8 @@ WITH_OPENS = ("--read-only", "--consistency", "immutable")
 
 NOTES = (
     "small files: every file read whole with open().read() (what a path-based dataset "
-    "does); the timer covers the reads, not the check after it (xxh3_128 of every file).",
+    "does); the timer covers the reads, not the check after it (xxh3_128 of every file), "
+    "and starts after a sync (earlier modes' writeback is not charged to the next).",
     f"boto3_pool{POOL}: get_object from {POOL} threads. local_t1/local_t16: the same bytes in "
     f"page-cache-warm local files; local_dataloader_w{LOADER_WORKERS}: those files through the "
     "DataLoader below.",
@@ -144,6 +145,10 @@ class SmallFiles:
         return [k.rsplit("/", 1)[-1] for k in self.ds.keys]
 
     def time(self, mode: str, read: Callable[[], list[bytes]]) -> None:
+        # What earlier modes wrote (their tiers) is flushed before the timer starts: its
+        # writeback (kernel threads, and on a loop-mounted scratch filesystem the loop device's
+        # own) otherwise lands in whichever pass runs some 30 s later, on the same cores.
+        os.sync()
         start = time.perf_counter()
         blobs = read()
         seconds = time.perf_counter() - start
