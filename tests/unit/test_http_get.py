@@ -4,12 +4,14 @@ surfacing as an error the store retries (or, for a certificate, does not)."""
 
 from __future__ import annotations
 
+import gc
 import shutil
 import socket
 import ssl
 import subprocess
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -359,6 +361,23 @@ def test_a_header_that_would_split_the_request_is_refused_unsent(serve: Serve) -
         with pytest.raises(ValueError):
             pool.get("/b/k", "example", {name: value})
     assert server.connections == 0
+
+
+def test_connections_dropped_with_their_pool_or_reply_are_closed(serve: Serve) -> None:
+    def script(sock: socket.socket, n: int) -> bool:
+        sock.sendall(fixed(b"d" * 5000))
+        return True
+
+    server = serve(script)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pool = connections(server)
+        assert get(pool) == (200, b"d" * 5000)  # one idle connection in the pool
+        unread = pool.get("/b/k", "example", {})  # and one held by a reply never closed
+        assert unread.read(10) == b"d" * 10
+        del pool, unread
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
 
 
 def test_connections_beyond_the_pool_size_are_closed(serve: Serve) -> None:

@@ -150,6 +150,11 @@ class _Connection:
         self.read_timeout = read_timeout
         self.buffer = bytearray()
 
+    def __del__(self) -> None:
+        # A connection dropped with its pool (a filesystem garbage-collected) or with a reply
+        # nobody closed: its socket is closed here, not left to warn as an unclosed one.
+        self.close()
+
     def usable(self) -> bool:
         """Whether the idle connection is still open: a readable idle socket has been closed
         by the server (or holds bytes nobody asked for)."""
