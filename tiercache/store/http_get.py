@@ -181,14 +181,11 @@ class _Connection:
         except TimeoutError as exc:
             self.close()
             raise TimeoutError(f"read timeout={self.read_timeout} from {owner.host}") from exc
-        except OSError as exc:
+        except OSError as exc:  # HttpProtocolError too: it is a ConnectionError
             self.close()
             if not fresh and _is_reset(exc):
                 raise _StaleConnectionError() from exc
             raise _connection_error(exc, f"GET from {owner.host}") from exc
-        except HttpProtocolError:
-            self.close()
-            raise
         while 100 <= head[0] < 200:  # interim replies (100 Continue, 103 Early Hints)
             try:
                 head = self._read_head(first=False)

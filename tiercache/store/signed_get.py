@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any
-from urllib.parse import parse_qs, quote, urlsplit
+from urllib.parse import SplitResult, parse_qs, quote, urlsplit
 from xml.etree import ElementTree
 
 import botocore.exceptions
@@ -150,10 +150,9 @@ class SignedGet:
         if target is None:
             raise LookupError(bucket)
         prefix, host, region = target
-        url = prefix + quote(key, safe="/~")
-        target_path = urlsplit(url).path
-        signed = self._sign(host, target_path, region, headers)
-        raw = self._connections(url).get(target_path, host, signed)
+        parts = urlsplit(prefix + quote(key, safe="/~"))
+        signed = self._sign(host, parts.path, region, headers)
+        raw = self._connections(parts).get(parts.path, host, signed)
         status = raw.status
         if status in (200, 206):
             return raw
@@ -168,10 +167,9 @@ class SignedGet:
             raise LookupError(bucket)
         raise StoreRefusedError(error, status)
 
-    def _connections(self, url: str) -> GetConnections:
-        """The connections to ``url``'s origin, made on first use (for as many origins as the
+    def _connections(self, parts: SplitResult) -> GetConnections:
+        """The connections to the URL's origin, made on first use (for as many origins as the
         client's session keeps pools for)."""
-        parts = urlsplit(url)
         origin = f"{parts.scheme}://{parts.netloc}"
         connections = self._origins.get(origin)
         if connections is not None:
