@@ -1,9 +1,11 @@
-"""Reads through the mount: cold random reads fetch ranges, kept pages, the kernel read-ahead."""
+"""Reads through the mount: cold random reads fetch ranges, kept pages, the kernel read-ahead
+and the background requests that keep it going under load."""
 
 from __future__ import annotations
 
 import os
 import random
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +14,7 @@ from typing import Any
 import pytest
 from support.mount_helpers import Cli, mount_counters, requires_fuse
 
-from tiercache.mount.binding import READ_AHEAD_KB
+from tiercache.mount.binding import BACKGROUND_REQUESTS, CONGESTION_THRESHOLD, READ_AHEAD_KB
 
 pytestmark = [pytest.mark.integration, requires_fuse]
 
@@ -102,3 +104,27 @@ def test_the_mount_raises_the_kernels_read_ahead(
     while int(knob.read_text()) != READ_AHEAD_KB:  # set just after the mount comes up
         assert time.monotonic() < deadline, knob.read_text()
         time.sleep(0.1)
+
+
+FUSECTL = Path("/sys/fs/fuse/connections")
+
+
+def _fuse_connections() -> Path:
+    """The kernel's FUSE control filesystem (mounted here if it is not)."""
+    if not any(FUSECTL.iterdir()):
+        subprocess.run(["mount", "-t", "fusectl", "none", str(FUSECTL)], check=True)
+    return FUSECTL
+
+
+def test_the_mount_lets_the_kernel_keep_reading_ahead_under_load(
+    bucket: str, cli: Cli, mount: Callable[..., Path]
+) -> None:
+    """Many readers of cold files keep many read-ahead requests waiting on the store: the
+    mount raises the kernel's limits (libfuse's are 12 and 9), past which the kernel stops
+    reading ahead and reads files a page per request."""
+    if os.geteuid() != 0 or not FUSECTL.is_dir():
+        pytest.skip("the FUSE control filesystem is root's (/sys/fs/fuse/connections)")
+    mnt = mount(f"s3://{bucket}", "--read-only")
+    connection = _fuse_connections() / str(os.minor(os.stat(mnt).st_dev))
+    assert int((connection / "max_background").read_text()) == BACKGROUND_REQUESTS
+    assert int((connection / "congestion_threshold").read_text()) == CONGESTION_THRESHOLD
