@@ -112,7 +112,9 @@ FUSECTL = Path("/sys/fs/fuse/connections")
 def _fuse_connections() -> Path:
     """The kernel's FUSE control filesystem (mounted here if it is not)."""
     if not any(FUSECTL.iterdir()):
-        subprocess.run(["mount", "-t", "fusectl", "none", str(FUSECTL)], check=True)
+        # Refused when another process mounted it meanwhile: the check below tells.
+        subprocess.run(["mount", "-t", "fusectl", "none", str(FUSECTL)], check=False)
+    assert any(FUSECTL.iterdir()), f"no FUSE connection listed in {FUSECTL}"
     return FUSECTL
 
 
