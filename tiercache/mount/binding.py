@@ -27,8 +27,8 @@ READ_AHEAD_KB = 4096
 # Requests the kernel may keep in flight in the background (read-ahead, writeback) before it
 # counts the mount congested, and where congestion starts. A congested mount gets no
 # read-ahead: with libfuse's defaults (12 and 9), sixteen readers of cold files, each waiting
-# on the store, congested it, and the kernel read half of such files a page at a time (one
-# 4 KiB request each, 1.6 READ requests per 128 KiB file on average, where one does).
+# on the store, congested it, and the kernel split their files into requests of a page or a
+# few (1.56 READ requests per 128 KiB file on average, where one does).
 BACKGROUND_REQUESTS = 64
 CONGESTION_THRESHOLD = BACKGROUND_REQUESTS * 3 // 4
 
