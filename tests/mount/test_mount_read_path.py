@@ -119,11 +119,11 @@ def _fuse_connections() -> Path:
 
 
 def test_the_mount_lets_the_kernel_keep_reading_ahead_under_load(
-    bucket: str, cli: Cli, mount: Callable[..., Path]
+    bucket: str, mount: Callable[..., Path]
 ) -> None:
     """Many readers of cold files keep many read-ahead requests waiting on the store: the
     mount raises the kernel's limits (libfuse's are 12 and 9), past which the kernel stops
-    reading ahead and reads files a page per request."""
+    reading ahead and splits files into requests of a page or a few."""
     if os.geteuid() != 0 or not FUSECTL.is_dir():
         pytest.skip("the FUSE control filesystem is root's (/sys/fs/fuse/connections)")
     mnt = mount(f"s3://{bucket}", "--read-only")

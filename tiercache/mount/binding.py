@@ -75,11 +75,7 @@ def fuse_class(mountpoint: str) -> Any:
             return done
 
         def init_fuse_3(self, conn: Any, config: Any) -> None:
-            threading.Thread(
-                target=_raise_read_ahead, args=(mountpoint,), name="mount-readahead", daemon=True
-            ).start()
-            if conn:
-                _allow_background_requests(conn.contents)
+            _tune_kernel(mountpoint, conn)
             passthrough = getattr(self.operations, "passthrough", None)
             if passthrough is not None and conn:
                 version = (mfusepy.fuse_version_major, mfusepy.fuse_version_minor)
@@ -87,12 +83,8 @@ def fuse_class(mountpoint: str) -> Any:
             super().init_fuse_3(conn, config)
 
         def init_fuse_2(self, conn: Any) -> None:
-            # mfusepy loads libfuse 2 where both are installed: the read-ahead is raised there too.
-            threading.Thread(
-                target=_raise_read_ahead, args=(mountpoint,), name="mount-readahead", daemon=True
-            ).start()
-            if conn:
-                _allow_background_requests(conn.contents)
+            # mfusepy loads libfuse 2 where both are installed: the kernel is tuned there too.
+            _tune_kernel(mountpoint, conn)
             super().init_fuse_2(conn)
 
     return FUSE
@@ -138,11 +130,16 @@ def caller_pid() -> int:
     return int(mfusepy.fuse_get_context()[2])
 
 
-def _allow_background_requests(conn: Any) -> None:
-    """At INIT: let the kernel keep ``BACKGROUND_REQUESTS`` in flight before it stops its
-    read-ahead (it lowers them to its own limit for a mount by an unprivileged user)."""
-    conn.max_background = BACKGROUND_REQUESTS
-    conn.congestion_threshold = CONGESTION_THRESHOLD
+def _tune_kernel(mountpoint: str, conn: Any) -> None:
+    """At INIT: raise the mount's read-ahead (once the kernel has the mount) and let the kernel
+    keep ``BACKGROUND_REQUESTS`` in flight before it stops reading ahead (it lowers them to
+    its own limit for a mount by an unprivileged user)."""
+    threading.Thread(
+        target=_raise_read_ahead, args=(mountpoint,), name="mount-readahead", daemon=True
+    ).start()
+    if conn:
+        conn.contents.max_background = BACKGROUND_REQUESTS
+        conn.contents.congestion_threshold = CONGESTION_THRESHOLD
 
 
 def _raise_read_ahead(mountpoint: str) -> None:
