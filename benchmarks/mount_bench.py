@@ -340,8 +340,9 @@ def fio_pass(ctx: Context, client: Any) -> dict[str, Any]:
                 runs["mount_cold_rand"]["fetched"] = proxy.bytes_down - before
         tier = Path(tempfile.mkdtemp(prefix="fio-tier-", dir=tmp))
         with mounted(ctx, tier, (), dataset.bucket) as mnt:
-            read_ahead_kb = kernel_read_ahead_kb(mnt)
             runs["mount_cold_seq"] = fio(ctx, mnt, names, "read", "1M", timed=False)
+            # Read once the mount has settled: the mount raises it a moment after it comes up.
+            read_ahead_kb = kernel_read_ahead_kb(mnt)
             # Warm runs alternate local and mount, the median of each kept: on a busy host a
             # ratio of runs made side by side drifts less than one of runs made apart.
             samples: dict[str, list[dict[str, Any]]] = {}

@@ -63,6 +63,7 @@ RATIOS: tuple[common.RatioSpec, ...] = (
     ("mount_warm_new_t1 / local_t1", "mount_warm_new_t1", ("local_t1",), None),
     ("mount_cold_t16_opens / boto3_pool64", "mount_cold_t16_opens", (f"boto3_pool{POOL}",), None),
     ("mount_warm_t1_opens / local_t1", "mount_warm_t1_opens", ("local_t1",), None),
+    ("mount_warm_t16_opens / local_t16", "mount_warm_t16_opens", ("local_t16",), None),
     (
         f"mount_dataloader_w{LOADER_WORKERS}_cold / boto3_pool64",
         f"mount_dataloader_w{LOADER_WORKERS}_cold",
@@ -227,6 +228,7 @@ def run_repeat(run: SmallFiles) -> None:
     with run.mount(tier, WITH_OPENS) as mnt:
         run.time("mount_cold_t16_opens", lambda: read_files(mnt, names, 16))
         run.time("mount_warm_t1_opens", lambda: read_files(mnt, names, 1))
+        run.time("mount_warm_t16_opens", lambda: read_files(mnt, names, 16))
         run.open_us.setdefault("opens", []).append(open_costs(mnt, names))
     run.open_us.setdefault("local", []).append(open_costs(local, names))
     if (reason := torch_missing()) is not None:
