@@ -399,11 +399,10 @@ class Fetch:
             meta = EntryMeta.for_object(
                 info, req.source, req.namespace, self._hasher.hexdigest(), asked_at
             )
-            # Published bytes count in the tier's usage: still reserved, they would count twice
-            # and a concurrent fetch would evict an entry too many to make room.
-            self._tier.release(self._reserved)
+            # The reservation ends as the entry counts as published, in one step: the bytes
+            # count once all along (see ``LocalTier.publish``).
+            entry = self._tier.publish(paths, self._fd, meta, reserved=self._reserved)
             self._reserved = 0
-            entry = self._tier.publish(paths, self._fd, meta)
             self.identity = identity(os.fstat(self._fd))
         except BaseException:
             with contextlib.suppress(OSError):  # never mask the error being raised

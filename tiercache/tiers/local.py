@@ -335,6 +335,7 @@ class LocalTier:
         keep_src: bool = False,
         prepared_meta: str | None = None,
         meta_absent: bool = False,
+        reserved: int = 0,
     ) -> CachedEntry:
         """Make the part file (or the staged file ``src``) the entry's data; hold the entry lock.
 
@@ -346,6 +347,11 @@ class LocalTier:
         hard links), so that what it belongs to stays readable until its owner removes it.
         ``prepared_meta``: ``meta`` written already by ``prepare_meta``. ``meta_absent``: the
         caller found no meta file under the entry lock (nothing to remove first).
+        ``reserved``: the bytes ``reserve`` counted for this fetch, released in the step that
+        counts the entry as published (on failure they stay reserved: the caller releases
+        them). Released before, the bytes counted nowhere while the entry was being
+        published, and fetches that began meanwhile took the tier over its budget by as many
+        objects as were being published at once.
         """
         if not self.boot_id:
             os.fsync(fd)
@@ -373,6 +379,7 @@ class LocalTier:
         with self._lock:
             # Counted here whether or not a scan running now saw the rename (see ``usage``).
             self._published_bytes += meta.size
+            self._reserved -= reserved
             if self._scan_cache is not None:
                 stamp, usage = self._scan_cache
                 self._scan_cache = (stamp, usage + meta.size)
@@ -544,8 +551,10 @@ class LocalTier:
         ``start_above``: remove nothing unless this pass's own scan finds usage above it (a
         cached usage may count a concurrent publish twice: it only suggests a pass).
         ``less_reserved``: both bounds less the bytes this process reserved for its fetches,
-        as reserved once the scan is done (a fetch releases its bytes before it publishes
-        them: read any earlier, a fetch published meanwhile would count twice).
+        as reserved once the scan is done (a fetch's bytes stop being reserved as its publish
+        is counted: read any earlier, a fetch published meanwhile would count twice; a scan
+        that saw a rename whose publish is not counted yet counts it twice, for that moment,
+        and evicts early rather than late).
         """
         with self._lock:
             before = self._published_bytes

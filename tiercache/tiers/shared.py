@@ -124,10 +124,13 @@ class SharedTier(LocalTier):
         keep_src: bool = False,
         prepared_meta: str | None = None,
         meta_absent: bool = False,
+        reserved: int = 0,
     ) -> CachedEntry:
         if not durable:  # a fetched entry; ``durable`` bytes were fsynced by their writer
             os.fsync(fd)
-        return super().publish(paths, fd, meta, src, True, keep_src, prepared_meta, meta_absent)
+        return super().publish(
+            paths, fd, meta, src, True, keep_src, prepared_meta, meta_absent, reserved
+        )
 
     def needs_check(self, entry: CachedEntry) -> bool:
         return False  # published durably: see the module docstring

@@ -1,0 +1,63 @@
+"""A fetch's bytes count in the tier's usage at every moment of their publication, once."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tiercache.tiers.local as local_module
+from tiercache.store.base import ObjectInfo
+from tiercache.tiers.entry import EntryMeta
+from tiercache.tiers.local import LocalTier
+
+NS = "s3:test"
+SIZE = 100 * 1024
+
+
+def test_a_publishing_fetch_is_never_missing_from_the_usage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier = LocalTier(str(tmp_path / "tier"), 10 * SIZE)
+    assert tier.usage() == 0  # a scan kept for the next calls: reserved bytes count on top
+    entry_id = tier.entry_id(NS, "b", "k")
+    seen: list[int] = []
+    install = local_module.install
+
+    def install_and_look(tmp: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        seen.append(tier.usage())  # the data renamed into place, its meta not yet there
+        return install(tmp, path, *args, **kwargs)
+
+    monkeypatch.setattr(local_module, "install", install_and_look)
+    with tier.entry_lock(entry_id, 5.0) as paths:
+        fd = tier.create_part(paths)
+        try:
+            tier.reserve(SIZE)  # as a fetch does once the store said the size
+            os.write(fd, os.urandom(SIZE))
+            meta = EntryMeta.for_object(ObjectInfo("b", "k", SIZE, '"e"'), "s3://b/k", NS, "0" * 16)
+            tier.publish(paths, fd, meta, reserved=SIZE)
+        finally:
+            os.close(fd)
+    # Released before the publication, the bytes counted nowhere until it ended: fetches
+    # beginning then saw room that was not there and took the tier over its budget.
+    assert seen == [SIZE]
+    assert tier.usage() == SIZE  # once: no longer reserved
+    assert tier.usage(fresh=True) == SIZE
+
+
+def test_a_failed_publication_leaves_the_bytes_reserved_for_the_caller(tmp_path: Path) -> None:
+    tier = LocalTier(str(tmp_path / "tier"), 10 * SIZE)
+    entry_id = tier.entry_id(NS, "b", "k")
+    with tier.entry_lock(entry_id, 5.0) as paths:
+        fd = tier.create_part(paths)
+        tier.reserve(SIZE)
+        os.close(fd)
+        os.unlink(paths.part)  # nothing to rename: the publication fails
+        meta = EntryMeta.for_object(ObjectInfo("b", "k", SIZE, '"e"'), "s3://b/k", NS, "0" * 16)
+        with pytest.raises(FileNotFoundError):
+            tier.publish(paths, -1, meta, reserved=SIZE)
+    assert tier.usage() == SIZE  # still reserved: the fetch's own cleanup releases them
+    tier.release(SIZE)
+    assert tier.usage() == 0
