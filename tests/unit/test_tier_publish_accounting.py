@@ -15,6 +15,7 @@ from tiercache.tiers.local import LocalTier
 
 NS = "s3:test"
 SIZE = 100 * 1024
+META = EntryMeta.for_object(ObjectInfo("b", "k", SIZE, '"e"'), "s3://b/k", NS, "0" * 16)
 
 
 def test_a_publishing_fetch_is_never_missing_from_the_usage(
@@ -36,8 +37,7 @@ def test_a_publishing_fetch_is_never_missing_from_the_usage(
         try:
             tier.reserve(SIZE)  # as a fetch does once the store said the size
             os.write(fd, os.urandom(SIZE))
-            meta = EntryMeta.for_object(ObjectInfo("b", "k", SIZE, '"e"'), "s3://b/k", NS, "0" * 16)
-            tier.publish(paths, fd, meta, reserved=SIZE)
+            tier.publish(paths, fd, META, reserved=SIZE)
         finally:
             os.close(fd)
     # Released before the publication, the bytes counted nowhere until it ended: fetches
@@ -52,12 +52,13 @@ def test_a_failed_publication_leaves_the_bytes_reserved_for_the_caller(tmp_path:
     entry_id = tier.entry_id(NS, "b", "k")
     with tier.entry_lock(entry_id, 5.0) as paths:
         fd = tier.create_part(paths)
-        tier.reserve(SIZE)
-        os.close(fd)
-        os.unlink(paths.part)  # nothing to rename: the publication fails
-        meta = EntryMeta.for_object(ObjectInfo("b", "k", SIZE, '"e"'), "s3://b/k", NS, "0" * 16)
-        with pytest.raises(FileNotFoundError):
-            tier.publish(paths, -1, meta, reserved=SIZE)
+        try:
+            tier.reserve(SIZE)
+            os.unlink(paths.part)  # nothing to rename: the publication fails
+            with pytest.raises(FileNotFoundError):
+                tier.publish(paths, fd, META, reserved=SIZE)
+        finally:
+            os.close(fd)
     assert tier.usage() == SIZE  # still reserved: the fetch's own cleanup releases them
     tier.release(SIZE)
     assert tier.usage() == 0
