@@ -107,10 +107,11 @@ class ReadPath:
 
     def cached_or_pending(self, bucket: str, key: str) -> CachedEntry | None:
         """The local entry of an object, else the entry of a write of it that waits for its
-        upload in the shared tier (``write_tier="shared"``); neither is validated."""
+        upload in the shared tier (``write_tier="shared"``), published now if its commit
+        left that to its first reader; neither is validated."""
         entry = self.cached(bucket, key)
         if entry is None and self.pending_tier is not self._tier:
-            entry = self._lookup(self.pending_tier, bucket, key)
+            entry = self._lookup(self.pending_tier, bucket, key) or self._pending(bucket, key)
             if entry is not None and entry.meta.state != "dirty":
                 return None
         return entry

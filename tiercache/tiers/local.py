@@ -376,14 +376,19 @@ class LocalTier:
             self._remember_meta(
                 paths.meta, (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size), meta
             )
+        self.count_published(meta.size, reserved)
+        return CachedEntry(os.path.basename(paths.data)[:64], paths, meta)
+
+    def count_published(self, nbytes: int, reserved: int = 0) -> None:
+        """``nbytes`` now take the tier's space as published bytes (an entry, or a pending
+        write's journal copy), and ``reserved`` of this process's reservation is released in
+        the same step. Counted whether or not a scan running now saw them (see ``usage``)."""
         with self._lock:
-            # Counted here whether or not a scan running now saw the rename (see ``usage``).
-            self._published_bytes += meta.size
+            self._published_bytes += nbytes
             self._reserved -= reserved
             if self._scan_cache is not None:
                 stamp, usage = self._scan_cache
-                self._scan_cache = (stamp, usage + meta.size)
-        return CachedEntry(os.path.basename(paths.data)[:64], paths, meta)
+                self._scan_cache = (stamp, usage + nbytes)
 
     def prepare_meta(self, paths: EntryPaths, meta: EntryMeta, durable: bool) -> str:
         """Write ``meta`` to a temp file beside the entry's meta file, for ``publish`` to
@@ -422,7 +427,8 @@ class LocalTier:
         disk and as reserved: that started eviction early and took published entries.
         """
         if fresh:
-            return sum(row.size for row in self._scan(sizes_only=True)) + self.staging_bytes()
+            entries = sum(row.size for row in self._scan(sizes_only=True))
+            return entries + self.staging_bytes() + self.unpublished_bytes()
         with self._lock:
             cached, reserved, before = self._scan_cache, self._reserved, self._published_bytes
             if cached is not None and (
@@ -432,7 +438,8 @@ class LocalTier:
             self._scanning = True
         try:
             published = sum(row.size for row in self._scan(count_parts=False, sizes_only=True))
-            published = self._cache_scan(published + self.staging_bytes(), before)
+            published += self.staging_bytes() + self.unpublished_bytes()
+            published = self._cache_scan(published, before)
         finally:
             with self._lock:
                 self._scanning = False
@@ -451,6 +458,25 @@ class LocalTier:
             with suppress(FileNotFoundError):
                 total += item.stat(follow_symlinks=False).st_blocks * 512
         return total
+
+    def unpublished_bytes(self) -> int:
+        """Bytes of pending writes held only by the upload journal (``ROOT/journal``): a tier
+        that publishes a pending write's entry when first asked for it (``SharedTier``) keeps
+        them there until then. A journal copy linked from an entry is counted as the entry."""
+        names: dict[int, int] = {}  # inode -> its names in the journal
+        files: dict[int, os.stat_result] = {}
+        try:
+            items = list(os.scandir(os.path.join(self.root, "journal")))
+        except FileNotFoundError:
+            return 0
+        for item in items:
+            if not item.name.endswith((".bytes", ".up.claimed")):
+                continue
+            with suppress(FileNotFoundError):
+                st = item.stat(follow_symlinks=False)
+                names[st.st_ino] = names.get(st.st_ino, 0) + 1
+                files[st.st_ino] = st
+        return sum(st.st_size for ino, st in files.items() if st.st_nlink <= names[ino])
 
     def _cache_scan(self, published: int, published_before: int) -> int:
         """Keep a scan's total, plus the bytes this process published while it ran (the scan

@@ -211,6 +211,16 @@ def _check_pending_entry(
             or (meta.state == "clean" and meta.generation == record.generation)
         ):
             return  # a newer commit's entry, or uploaded and about to lose its record
+        if record.state != "lost" and state.unpublished(paths):
+            # Committed without an entry (``WriteState.publish_on_demand``), not damaged.
+            if scrub and not state.journal_copy_intact(record):
+                lost = dataclasses.replace(
+                    record, state="lost", error="its journal copy is damaged or gone"
+                )
+                state.write_recovered(lost)
+                log.error("pending write of %s is lost: %s", lost.name, lost.error)
+                report.lost.append(lost.name)
+            return
         entry = intact_entry(paths, record)
         if entry is not None and scrub:
             report.entries_checked += 1

@@ -47,6 +47,11 @@ class StagedObject:
     # Returns once ``fd``'s bytes are on disk; raises (``TierFullError`` for no space) if they
     # cannot be. A committer prepares what it can meanwhile and installs nothing before it.
     wait_durable: Callable[[], None] = lambda: None
+    # The committer may rename ``path`` into the tier rather than link it there (nobody needs
+    # it at its name after the commit: a file marked closed does, until its record is
+    # durable); it calls ``moved`` once ``path`` is gone, so that nobody removes it again.
+    movable: bool = False
+    moved: Callable[[], None] = lambda: None
 
 
 Committer = Callable[[StagedObject], dict[str, Any]]
@@ -97,6 +102,7 @@ class StagedWriteFile(io.RawIOBase):
         self._fd_exposed = False
         self._broken = False
         self._marked_closed = False
+        self._moved = False  # the committer moved the staged file into the tier
         self._fsync: _Fsync | None = None
         self.info: dict[str, Any] | None = None
 
@@ -170,6 +176,8 @@ class StagedWriteFile(io.RawIOBase):
                 digest,
                 self._stream,
                 self._wait_durable,
+                movable=not self._marked_closed,
+                moved=self._staged_moved,
             )
             self.info = self._commit(staged)  # the committer owns the stream from here
             self._stream = None
@@ -177,6 +185,9 @@ class StagedWriteFile(io.RawIOBase):
         finally:
             self._cleanup()
             super().close()
+
+    def _staged_moved(self) -> None:
+        self._moved = True
 
     def _wait_durable(self) -> None:
         assert self._fsync is not None
@@ -236,7 +247,8 @@ class StagedWriteFile(io.RawIOBase):
         os.close(self._fd)
         if self._marked_closed:
             remove_file(self._staged + CLOSED_SUFFIX)
-        remove_file(self._staged)  # gone already if the committer moved it into the tier
+        if not self._moved:  # a file removed is a metadata round trip on a shared tier
+            remove_file(self._staged)
 
 
 # From this size on, close() fsyncs on a helper thread while the commit prepares; below it,

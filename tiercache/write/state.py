@@ -22,7 +22,9 @@ On disk, in ``ROOT/journal/``::
     <id>.mpu             a multipart upload in flight (aborted when its uploader died)
 
 ``close()`` is acknowledged once the bytes, the published dirty entry and the record are
-durable. A record is removed only by the upload of exactly its generation, by a newer
+durable. On a shared tier, a new object's entry is published later instead, when it is first
+read or once it is uploaded (``publish_on_demand``); until then the journal's copy is the
+only one. A record is removed only by the upload of exactly its generation, by a newer
 generation's commit, or by a change that reached the store directly (``store_written``);
 FAILED and LOST records stay until the user retries or discards them.
 """
@@ -139,6 +141,10 @@ class WriteState:
         self._claims = claims_for(tier)
         self.host = tier.host_id if isinstance(tier, SharedTier) else socket.gethostname()
         self.lock_timeout = lock_timeout
+        # A commit on a shared tier, where each file made or renamed is a round trip to the
+        # metadata server, leaves a new object's entry to be published when it is first read
+        # or once it is uploaded (``publish_pending``); a local tier publishes it at once.
+        self.publish_on_demand = isinstance(tier, SharedTier)
 
     # -- names -------------------------------------------------------------------------------
 
@@ -218,24 +224,34 @@ class WriteState:
             record_tmp: str | None = None
             meta_tmp: str | None = None
             installed = False
+            # With no entry to replace, a shared tier's new version is published when first
+            # read or once uploaded (``publish_pending``): seven metadata calls fewer.
+            on_demand = self.publish_on_demand and not meta_present
             try:
                 # Everything that needs space first, while the bytes are being fsynced (on a
                 # shared filesystem, each file made is a round trip); then renames only.
-                _link_or_copy(staged.path, own_bytes)
+                if on_demand and staged.movable:  # no entry takes the staged file
+                    os.rename(staged.path, own_bytes)
+                    staged.moved()
+                else:
+                    _link_or_copy(staged.path, own_bytes)
                 record_tmp = prepare_file(record_path, record.to_json(), self._mode)
-                # Not fsynced: the record and the journal's own bytes are the durable truth of
-                # a pending write; a meta a crash left empty is published again from them.
-                meta_tmp = self.tier.prepare_meta(paths, meta, durable=False)
+                if not on_demand:
+                    # Not fsynced: the record and the journal's own bytes are the durable
+                    # truth of a pending write; a meta a crash left empty is published again.
+                    meta_tmp = self.tier.prepare_meta(paths, meta, durable=False)
                 staged.wait_durable()  # the bytes are on disk before anything names them
-                self.tier.publish(
-                    paths,
-                    staged.fd,
-                    meta,
-                    src=staged.path,
-                    durable=True,
-                    prepared_meta=meta_tmp,
-                    meta_absent=not meta_present,
-                )
+                if not on_demand:
+                    self.tier.publish(
+                        paths,
+                        staged.fd,
+                        meta,
+                        src=staged.path,
+                        durable=True,
+                        prepared_meta=meta_tmp,
+                        meta_absent=not meta_present,
+                    )
+                    staged.moved()
                 install(record_tmp, record_path)
                 installed = True
                 fsync_dir(self.dir)
@@ -247,7 +263,8 @@ class WriteState:
                 if installed:
                     self._put_back(staged.entry_id, previous)
                 remove_file(own_bytes)
-                self._restore(paths, previous, generation)
+                if not on_demand:  # otherwise the entry was not touched
+                    self._restore(paths, previous, generation)
                 if isinstance(exc, OSError) and is_no_space(exc):
                     raise tier_full(
                         exc,
@@ -256,6 +273,8 @@ class WriteState:
                         self.tier.root,
                     ) from exc
                 raise
+            if on_demand:
+                self.tier.count_published(staged.size)  # its journal copy takes the space
             if previous is not None and previous.generation != generation:
                 remove_file(self.bytes_path(staged.entry_id, previous.generation))
             return record
@@ -287,15 +306,26 @@ class WriteState:
         except OSError as exc:
             log.warning("could not put back the record of %s: %s", previous, exc)
 
-    def _publish_generation(self, paths: EntryPaths, record: Record) -> CachedEntry:
-        """Publish a record's own bytes as its dirty entry (hold the entry lock)."""
+    def _publish_generation(
+        self,
+        paths: EntryPaths,
+        record: Record,
+        counted: bool = False,
+        meta: EntryMeta | None = None,
+    ) -> CachedEntry:
+        """Publish a record's own bytes as its entry, dirty unless ``meta`` says otherwise
+        (hold the entry lock). ``counted``: the tier counts them already, as a journal copy
+        that no entry links (``LocalTier.unpublished_bytes``)."""
         remove_file(paths.part)
         _link_or_copy(self.bytes_path(record.entry_id, record.generation), paths.part)
         fd = os.open(paths.part, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            return self.tier.publish(paths, fd, _dirty_meta(record), durable=True)
+            entry = self.tier.publish(paths, fd, meta or _dirty_meta(record), durable=True)
         finally:
             os.close(fd)
+        if counted:  # the same bytes, now counted as the entry that links them
+            self.tier.count_published(-record.size)
+        return entry
 
     # -- a damaged entry of a pending write ---------------------------------------------------
 
@@ -328,9 +358,27 @@ class WriteState:
                     "(`tiercache discard`)"
                 )
             entry = intact_entry(paths, record)
+            if entry is None and self.unpublished(paths):
+                entry = self.publish_pending(paths, record)
             if entry is None:
                 entry = self._restore_for_reader(paths, record)
             return entry
+
+    def unpublished(self, paths: EntryPaths) -> bool:
+        """A pending write's entry was never published (see ``publish_on_demand``), rather
+        than damaged: the tier holds no file of it (hold the entry lock)."""
+        return self.publish_on_demand and not any(
+            os.path.lexists(path) for path in entry_files(paths)
+        )
+
+    def publish_pending(self, paths: EntryPaths, record: Record) -> CachedEntry | None:
+        """Publish the entry of a pending write committed without one, from the journal's
+        copy of its bytes (hold the entry lock); its bytes are checked when read, per
+        ``verify``, as any entry's. None if that copy is gone (the caller reports it)."""
+        try:
+            return self._publish_generation(paths, record, counted=True)
+        except FileNotFoundError:
+            return None
 
     def journal_copy_intact(self, record: Record) -> bool:
         """Whether the journal's own copy of ``record``'s bytes matches its digest."""
@@ -400,10 +448,30 @@ class WriteState:
             elif entry is not None and entry.generation < record.generation:
                 for path in entry_files(paths):  # older bytes than the store's: drop them
                     remove_file(path)
+            elif entry is None and self.unpublished(paths):
+                self._publish_uploaded(paths, record, info)
             self._remove(record)
             if entry is not None and entry.generation > record.generation:
                 adopt_entry(self, paths, entry)  # a commit died between publish and record
             return True
+
+    def _publish_uploaded(self, paths: EntryPaths, record: Record, info: ObjectInfo) -> None:
+        """A write committed without an entry is in the store: its journal copy becomes the
+        clean entry other hosts read (hold the entry lock). Where that fails, nothing is
+        cached: a reader fetches it."""
+        now = time.time()
+        clean = dataclasses.replace(
+            _dirty_meta(record),
+            state="clean",
+            etag=info.etag,
+            validated_at=now,
+            last_modified=info.last_modified or now,
+        )
+        try:
+            self._publish_generation(paths, record, counted=True, meta=clean)
+        except OSError as exc:
+            remove_file(paths.part)
+            log.warning("%s is in the store; it could not be cached: %s", record.name, exc)
 
     def failed(self, record: Record, error: str) -> None:
         """The store refused this generation for good: keep it, out of the upload queue."""
