@@ -425,14 +425,7 @@ class WriteState:
                 return False
             entry = read_meta(paths.meta)
             if entry is not None and entry.generation == record.generation:
-                now = time.time()
-                clean = dataclasses.replace(
-                    entry,
-                    state="clean",
-                    etag=info.etag,
-                    validated_at=now,
-                    last_modified=info.last_modified or now,
-                )
+                clean = _uploaded_meta(entry, info)
                 try:
                     write_atomically(paths.meta, clean.to_json(), self._mode, durable=False)
                 except OSError as exc:
@@ -459,14 +452,7 @@ class WriteState:
         """A write committed without an entry is in the store: its journal copy becomes the
         clean entry other hosts read (hold the entry lock). Where that fails, nothing is
         cached: a reader fetches it."""
-        now = time.time()
-        clean = dataclasses.replace(
-            _dirty_meta(record),
-            state="clean",
-            etag=info.etag,
-            validated_at=now,
-            last_modified=info.last_modified or now,
-        )
+        clean = _uploaded_meta(_dirty_meta(record), info)
         try:
             self._publish_generation(paths, record, counted=True, meta=clean)
         except OSError as exc:
@@ -691,6 +677,18 @@ def _dirty_meta(record: Record) -> EntryMeta:
         last_modified=record.created_at,
         state="dirty",
         generation=record.generation,
+    )
+
+
+def _uploaded_meta(meta: EntryMeta, info: ObjectInfo) -> EntryMeta:
+    """A pending version's entry metadata once the store holds its bytes as ``info``."""
+    now = time.time()
+    return dataclasses.replace(
+        meta,
+        state="clean",
+        etag=info.etag,
+        validated_at=now,
+        last_modified=info.last_modified or now,
     )
 
 
