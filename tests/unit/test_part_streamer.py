@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -188,6 +189,77 @@ def test_auto_on_few_cores_sends_the_parts_once_the_burst_is_over(
     assert store.request_counts().get("UploadPart") == 3
 
 
+class _FarStore(MemoryStore):
+    """A store across a network: a request takes 50 ms, a part 0.2 s (25 MiB/s); it counts
+    the parts on the wire at once."""
+
+    def __init__(self) -> None:
+        super().__init__(["b"])
+        self._wire = threading.Lock()
+        self.on_wire = 0
+        self.most_on_wire = 0
+
+    def create_multipart(self, *args: Any, **kwargs: Any) -> str:
+        time.sleep(0.05)
+        return super().create_multipart(*args, **kwargs)
+
+    def send_part(self, *args: Any, **kwargs: Any) -> str:
+        with self._wire:
+            self.on_wire += 1
+            self.most_on_wire = max(self.most_on_wire, self.on_wire)
+        try:
+            time.sleep(0.2)
+            return super().send_part(*args, **kwargs)
+        finally:
+            with self._wire:
+                self.on_wire -= 1
+
+
+def test_auto_on_few_cores_sends_a_couple_of_parts_to_a_far_store_while_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(uploader, "few_cores", lambda: True)
+    store = _FarStore()
+    fs = _fs(tmp_path, store, upload_while_writing="auto")
+    data = os.urandom(6 * PART + 5)
+    f = fs.open("b/ckpt", "wb")
+    _write_in_chunks(f, data)
+    # The upload is created at once; its 10 ms or more say the store is far away, and the
+    # parts' rate that it is slow: two parts at a time go beside the writer (well before the
+    # hold's 10 s run out).
+    _wait_for(lambda: _parts_sent(store) == 6, timeout=5)
+    assert store.request_counts().get("CreateMultipartUpload") == 1
+    assert store.most_on_wire == 2
+    f.close()
+    fs.flush(timeout=30)
+    assert store.open_range("b", "ckpt", 0, None).read(len(data) + 1) == data
+    assert store.request_counts().get("UploadPart") == 7
+
+
+def test_auto_on_few_cores_holds_every_part_staged_on_the_shared_tier(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parts staged on the shared tier are read back through its filesystem: none go beside
+    a writer there, nor does the request creating their upload, however far the store."""
+    monkeypatch.setattr(uploader, "few_cores", lambda: True)
+    store = _FarStore()
+    fs = _fs(
+        tmp_path,
+        store,
+        upload_while_writing="auto",
+        shared_dir=str(tmp_path / "shared"),
+        write_tier="shared",
+    )
+    data = os.urandom(3 * PART + 5)
+    f = fs.open("b/ckpt", "wb")
+    _write_in_chunks(f, data)
+    time.sleep(0.3)
+    assert store.request_counts() == {}
+    f.close()
+    fs.flush(timeout=30)
+    assert store.open_range("b", "ckpt", 0, None).read(len(data) + 1) == data
+
+
 def test_bools_read_as_on_and_off(tmp_path: Path) -> None:
     store = MemoryStore(["b"])
     assert _fs(tmp_path, store, upload_while_writing=True).config.upload_while_writing == "on"
@@ -208,3 +280,27 @@ def test_the_governor_learns_parts_in_flight_from_the_link() -> None:
     fixed = PartGovernor(3)
     fixed.observed(16 * MiB, 16 / 25)
     assert fixed.limit() == 3
+
+
+def test_the_governor_sends_parts_beside_a_writer_only_where_they_go_slowly() -> None:
+    unknown = PartGovernor(None)
+    assert unknown.parts_beside_writer() == 0  # nothing timed yet: the writer keeps the CPU
+    near = PartGovernor(None)
+    near.observed_request(0.002)
+    assert near.parts_beside_writer() == 0
+    far = PartGovernor(None)
+    far.observed_request(0.030)
+    assert far.parts_beside_writer() == 2
+    far.observed_request(0.001)  # the fastest answer counts
+    assert far.parts_beside_writer() == 0
+    slow_parts = PartGovernor(None)
+    slow_parts.observed_request(0.001)
+    slow_parts.observed(16 * MiB, 16 / 20)  # a part's rate, once known, decides
+    assert slow_parts.parts_beside_writer() == 2
+    fast_parts = PartGovernor(None)
+    fast_parts.observed_request(0.030)
+    fast_parts.observed(16 * MiB, 16 / 200)
+    assert fast_parts.parts_beside_writer() == 0
+    one = PartGovernor(1)
+    one.observed(16 * MiB, 16 / 20)
+    assert one.parts_beside_writer() == 1  # never more than a fixed concurrency

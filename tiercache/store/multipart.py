@@ -7,6 +7,12 @@ keep in flight from the rate each part got: a remote store gives one connection 
 share of the link, so parts are added while each still gets most of the best rate seen; a
 store that takes one part fast (a loopback or same-rack server) gets two at a time, enough
 to hide the request latency without spending the CPU more would cost.
+
+A writer on a machine of few cores may have the parts held back (``PartSender.hold``): a
+part costs the client CPU for every byte it sends, so only where the link holds each part to
+a slow rate, and the CPU it takes per second is small, do a couple go beside the writer
+(``PartGovernor.parts_beside_writer``). The request that creates an upload is sent at once
+even then: it costs no CPU, and on a far store it saves a round trip once the parts go.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ from tiercache import forksafe
 from tiercache.store.base import ObjectInfo
 
 _MEASURED = 1024 * 1024  # parts smaller than this (a file's tail) say little about the link
+_SLOW_PART = 32 * 1024 * 1024  # bytes/s: such a part costs a writer beside it a few % of a core
+_FAR_REQUEST = 0.010  # seconds: a store that answers no faster is across a network
+_PARTS_BESIDE_WRITER = 2
 # S3 numbers the parts of an upload from 1 to 10,000; a larger object needs larger parts.
 MAX_PARTS = 10_000
 _PART_STEP = 1024 * 1024
@@ -77,6 +86,24 @@ class PartGovernor:
         self._lock = threading.Lock()
         self._limit = fixed or min(self.START, maximum)
         self._best = 0.0
+        self._fastest_request: float | None = None
+
+    def observed_request(self, seconds: float) -> None:
+        """A request without a body (creating an upload) took ``seconds``."""
+        with self._lock:
+            if self._fastest_request is None or seconds < self._fastest_request:
+                self._fastest_request = seconds
+
+    def parts_beside_writer(self) -> int:
+        """Parts worth sending while a writer needs the CPU: two where each part goes slowly
+        (judged by the best rate a part got, else by the fastest request: a store across a
+        network gives one connection a small share of the link), none otherwise."""
+        with self._lock:
+            if self._best > 0:
+                slow = self._best < _SLOW_PART
+            else:
+                slow = self._fastest_request is not None and self._fastest_request >= _FAR_REQUEST
+        return min(_PARTS_BESIDE_WRITER, self.fixed or self.maximum) if slow else 0
 
     def limit(self) -> int:
         with self._lock:
@@ -84,11 +111,13 @@ class PartGovernor:
 
     def observed(self, nbytes: int, seconds: float) -> None:
         """One part of ``nbytes`` took ``seconds`` on the wire."""
-        if self.fixed is not None or nbytes < _MEASURED:
+        if nbytes < _MEASURED:
             return
         rate = nbytes / max(seconds, 1e-6)
         with self._lock:
             self._best = max(self._best, rate)
+            if self.fixed is not None:
+                return
             if self._best >= self.FAST:
                 self._limit = min(2, self.maximum)
             elif rate >= self.GROW * self._best:
@@ -115,32 +144,42 @@ class PartSender:
     def _reset(self) -> None:
         self._cond = threading.Condition()
         self._queue: collections.deque[Callable[[], None]] = collections.deque()
+        self._unheld: collections.deque[Callable[[], None]] = collections.deque()
         self._in_flight = 0
         self._threads = 0
-        self._ceiling: int | None = None
-        self._ceiling_until = 0.0
+        self._held = False
+        self._cheap_go = True
+        self._held_until = 0.0
 
     def after_fork(self) -> None:
         self._reset()  # the parent's threads do not exist here
 
-    def hold(self, ceiling: int | None, at_most: float = 10.0) -> None:
-        """At most ``ceiling`` parts in flight until called with None, or for ``at_most``
-        seconds (a file left open for long must not hold every upload back)."""
+    def hold(self, held: bool, at_most: float = 10.0, cheap_go: bool = True) -> None:
+        """Hold parts back for a writer until called with False, or for ``at_most`` seconds (a
+        file left open for long must not hold every upload back). With ``cheap_go``, the
+        parts cheap to send beside it (``PartGovernor.parts_beside_writer``) and the requests
+        that create uploads still go; without, nothing does."""
         with self._cond:
-            self._ceiling = ceiling
-            self._ceiling_until = time.monotonic() + at_most
+            self._held = held
+            self._cheap_go = cheap_go
+            self._held_until = time.monotonic() + at_most
             self._cond.notify_all()
+
+    def _holding(self) -> bool:
+        return self._held and time.monotonic() < self._held_until
 
     def _limit(self) -> int:
         limit = self.governor.limit()
-        if self._ceiling is None or time.monotonic() >= self._ceiling_until:
+        if not self._holding():
             return limit
-        return min(limit, self._ceiling)
+        return min(limit, self.governor.parts_beside_writer()) if self._cheap_go else 0
 
-    def submit(self, job: Callable[[], None]) -> None:
+    def submit(self, job: Callable[[], None], held: bool = True) -> None:
+        """Run ``job``, a part, as the governor and any hold allow; with ``held`` False, a
+        request without a body (creating an upload), as soon as a thread is free."""
         with self._cond:
-            self._queue.append(job)
-            waiting = self._in_flight + len(self._queue)
+            (self._queue if held else self._unheld).append(job)
+            waiting = self._in_flight + len(self._queue) + len(self._unheld)
             if self._threads < min(self.governor.maximum, waiting):
                 self._threads += 1
                 threading.Thread(target=self._work, name="tiercache-part", daemon=True).start()
@@ -150,15 +189,22 @@ class PartSender:
         background_priority()
         while True:
             with self._cond:
-                while not (self._queue and self._in_flight < self._limit()):
-                    self._cond.wait(0.5 if self._ceiling is not None else None)
-                job = self._queue.popleft()
-                self._in_flight += 1
+                while True:
+                    creates = bool(self._unheld) and (self._cheap_go or not self._holding())
+                    if creates or (self._queue and self._in_flight < self._limit()):
+                        break
+                    self._cond.wait(0.5 if self._held else None)
+                if creates:
+                    job, part = self._unheld.popleft(), False
+                else:
+                    job, part = self._queue.popleft(), True
+                    self._in_flight += 1
             try:
                 job()
             finally:
                 with self._cond:
-                    self._in_flight -= 1
+                    if part:
+                        self._in_flight -= 1
                     self._cond.notify_all()
 
 
@@ -192,6 +238,7 @@ class MultipartUpload:
         self._sizes: dict[int, int] = {}
         self._pending = 0  # parts added and not finished
         self._sending = 0  # parts on the wire
+        self._creating = False  # the request creating the upload was handed to the sender
         self._aborted = False
         self.error: BaseException | None = None
 
@@ -201,7 +248,16 @@ class MultipartUpload:
             if self.error is not None or self._aborted:
                 return
             self._pending += 1
+            create, self._creating = not self._creating, True
+        if create:  # at once, even while parts are held: it costs no CPU to speak of
+            self._sender.submit(self._create_early, held=False)
         self._sender.submit(lambda: self._send(number, read))
+
+    def _create_early(self) -> None:
+        """Create the upload ahead of its first part; a failure is left to that part, which
+        tries again and reports it."""
+        with contextlib.suppress(Exception):
+            self._created()
 
     def _send(self, number: int, read: Callable[[], bytes]) -> None:
         try:
@@ -235,7 +291,9 @@ class MultipartUpload:
             if self._aborted:
                 raise _AbortedError(f"multipart upload of {self.bucket}/{self.key} was aborted")
             if self.upload_id is None:
+                start = time.perf_counter()
                 upload_id = self._requests.create_multipart(self.bucket, self.key, self._metadata)
+                self._sender.governor.observed_request(time.perf_counter() - start)
                 if self._on_created is not None:
                     try:
                         self._on_created(upload_id)
@@ -288,9 +346,9 @@ class SendsParts:
 
     _sender: PartSender
 
-    def hold_parts(self, ceiling: int | None, at_most: float = 10.0) -> None:
-        """At most ``ceiling`` parts in flight (None: as many as governed)."""
-        self._sender.hold(ceiling, at_most)
+    def hold_parts(self, held: bool, at_most: float = 10.0, cheap_go: bool = True) -> None:
+        """Hold parts back for a writer (see ``PartSender.hold``)."""
+        self._sender.hold(held, at_most, cheap_go)
 
     def start_multipart(
         self,
