@@ -72,14 +72,24 @@ def add_run_args(p: argparse.ArgumentParser, default_json: Path) -> None:
         help="also draw the results as a chart into this file (needs matplotlib: the 'plot' extra)",
     )
     p.add_argument("--endpoint", help="use this S3 server (credentials from AWS_* env vars)")
+    p.add_argument(
+        "--store-dir",
+        type=Path,
+        metavar="DIR",
+        help="the S3 server started here keeps its data in a fresh directory under DIR, a "
+        "filesystem other than the tiers' (a remote store's disk is not the client's: on one "
+        "filesystem its writes and the tiers' fsyncs wait on each other); default: beside "
+        "the tiers, in the scratch directory",
+    )
 
 
 # -- server and client -------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
-def s3_endpoint(url: str | None, tmp: Path) -> Iterator[Endpoint]:
-    """The server at ``url``, or a SeaweedFS started here (and stopped on exit)."""
+def s3_endpoint(url: str | None, tmp: Path, store_dir: Path | None = None) -> Iterator[Endpoint]:
+    """The server at ``url``, or a SeaweedFS started here (and stopped on exit), its data in
+    ``tmp``, or in a fresh directory under ``store_dir`` (removed on exit)."""
     if url:
         yield Endpoint(
             url,
@@ -88,10 +98,17 @@ def s3_endpoint(url: str | None, tmp: Path) -> Iterator[Endpoint]:
             os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
         )
         return
-    data_dir = tmp / "s3server"
-    data_dir.mkdir()
-    with s3server.start_server(data_dir=str(data_dir)) as srv:
-        yield Endpoint(srv.endpoint, srv.access_key, srv.secret_key, srv.region, srv.pid)
+    if store_dir is None:
+        data_dir = tmp / "s3server"
+        data_dir.mkdir()
+    else:
+        data_dir = Path(tempfile.mkdtemp(prefix="tiercache-s3server-", dir=store_dir))
+    try:
+        with s3server.start_server(data_dir=str(data_dir)) as srv:
+            yield Endpoint(srv.endpoint, srv.access_key, srv.secret_key, srv.region, srv.pid)
+    finally:
+        if store_dir is not None:
+            shutil.rmtree(data_dir, ignore_errors=True)
 
 
 STORE_PROFILES = ("loopback", "s3-region", "cross-region")
@@ -557,10 +574,12 @@ def run_main(
     if prepare is not None:
         prepare(tmp)
     try:
-        with s3_endpoint(args.endpoint, tmp) as endpoint:
+        with s3_endpoint(args.endpoint, tmp, args.store_dir) as endpoint:
             result = benchmark(args, endpoint, tmp)
             if isinstance(result.get("machine"), dict):
                 result["machine"]["scratch_filesystem"] = scratch
+                if args.store_dir is not None and args.endpoint is None:
+                    result["machine"]["store_filesystem"] = scratch_filesystem(args.store_dir)
     except VerifyError as exc:
         print(f"VERIFICATION FAILED: {exc}", file=sys.stderr)
         return 1

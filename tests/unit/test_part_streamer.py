@@ -224,7 +224,7 @@ def test_auto_on_few_cores_sends_a_couple_of_parts_to_a_far_store_while_writing(
     data = os.urandom(6 * PART + 5)
     f = fs.open("b/ckpt", "wb")
     _write_in_chunks(f, data)
-    # The upload is created at once; its 10 ms or more say the store is far away, and the
+    # The upload is created at once; its 20 ms or more say the store is far away, and the
     # parts' rate that it is slow: two parts at a time go beside the writer (well before the
     # hold's 10 s run out).
     _wait_for(lambda: _parts_sent(store) == 6, timeout=5)

@@ -30,7 +30,9 @@ from tiercache.store.base import ObjectInfo
 
 _MEASURED = 1024 * 1024  # parts smaller than this (a file's tail) say little about the link
 _SLOW_PART = 32 * 1024 * 1024  # bytes/s: such a part costs a writer beside it a few % of a core
-_FAR_REQUEST = 0.010  # seconds: a store that answers no faster is across a network
+# Seconds: a store that answers no faster is across a network. Creating an upload took a
+# server on this host (on a core of its own) 9-10 ms at best, one 30 ms away 31-34 ms.
+_FAR_REQUEST = 0.020
 _PARTS_BESIDE_WRITER = 2
 # S3 numbers the parts of an upload from 1 to 10,000; a larger object needs larger parts.
 MAX_PARTS = 10_000
@@ -144,7 +146,6 @@ class PartSender:
     def _reset(self) -> None:
         self._cond = threading.Condition()
         self._queue: collections.deque[Callable[[], None]] = collections.deque()
-        self._unheld: collections.deque[Callable[[], None]] = collections.deque()
         self._in_flight = 0
         self._threads = 0
         self._held = False
@@ -174,12 +175,16 @@ class PartSender:
             return limit
         return min(limit, self.governor.parts_beside_writer()) if self._cheap_go else 0
 
-    def submit(self, job: Callable[[], None], held: bool = True) -> None:
-        """Run ``job``, a part, as the governor and any hold allow; with ``held`` False, a
-        request without a body (creating an upload), as soon as a thread is free."""
+    def creates_early(self) -> bool:
+        """Whether an upload may be created ahead of its first part (not under a full hold)."""
         with self._cond:
-            (self._queue if held else self._unheld).append(job)
-            waiting = self._in_flight + len(self._queue) + len(self._unheld)
+            return self._cheap_go or not self._holding()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        """Run ``job``, a part, as the governor and any hold allow."""
+        with self._cond:
+            self._queue.append(job)
+            waiting = self._in_flight + len(self._queue)
             if self._threads < min(self.governor.maximum, waiting):
                 self._threads += 1
                 threading.Thread(target=self._work, name="tiercache-part", daemon=True).start()
@@ -189,23 +194,21 @@ class PartSender:
         background_priority()
         while True:
             with self._cond:
-                while True:
-                    creates = bool(self._unheld) and (self._cheap_go or not self._holding())
-                    if creates or (self._queue and self._in_flight < self._limit()):
-                        break
+                while not (self._queue and self._in_flight < self._limit()):
                     self._cond.wait(0.5 if self._held else None)
-                if creates:
-                    job, part = self._unheld.popleft(), False
-                else:
-                    job, part = self._queue.popleft(), True
-                    self._in_flight += 1
+                job = self._queue.popleft()
+                self._in_flight += 1
             try:
                 job()
             finally:
                 with self._cond:
-                    if part:
-                        self._in_flight -= 1
+                    self._in_flight -= 1
                     self._cond.notify_all()
+
+    def learned(self) -> None:
+        """The governor learned something: parts held back may go now."""
+        with self._cond:
+            self._cond.notify_all()
 
 
 class MultipartUpload:
@@ -249,8 +252,12 @@ class MultipartUpload:
                 return
             self._pending += 1
             create, self._creating = not self._creating, True
-        if create:  # at once, even while parts are held: it costs no CPU to speak of
-            self._sender.submit(self._create_early, held=False)
+        if create and self._sender.creates_early():
+            # At once, even while parts are held (it costs no CPU to speak of), on a thread
+            # of normal priority: its round trip, timed, tells how far the store is.
+            creator = threading.Thread(target=self._create_early, name="tiercache-create")
+            creator.daemon = True
+            creator.start()
         self._sender.submit(lambda: self._send(number, read))
 
     def _create_early(self) -> None:
@@ -258,6 +265,7 @@ class MultipartUpload:
         tries again and reports it."""
         with contextlib.suppress(Exception):
             self._created()
+        self._sender.learned()
 
     def _send(self, number: int, read: Callable[[], bytes]) -> None:
         try:
