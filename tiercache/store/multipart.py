@@ -241,7 +241,7 @@ class MultipartUpload:
         self._sizes: dict[int, int] = {}
         self._pending = 0  # parts added and not finished
         self._sending = 0  # parts on the wire
-        self._creating = False  # the request creating the upload was handed to the sender
+        self._creating = False  # a part was added: the upload is created early or by it
         self._aborted = False
         self.error: BaseException | None = None
 
