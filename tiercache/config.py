@@ -98,11 +98,10 @@ class TierCacheConfig:
             an upload begins); part senders run at nice +10. ``auto`` (default): the same with
             4 or more usable cores; with fewer, the parts are queued as they are written and
             sent once the burst of writes is over (0.3 s without a write), because sending
-            takes the writer's CPU; but two at a time go meanwhile where parts go slowly and
-            so cost little CPU per second (the best part under 32 MiB/s, or, before any part
-            was timed, creating the upload took 20 ms or more), none when staged on the
-            shared tier (read back through that filesystem's client). ``off``: uploads start
-            after ``close()``, and the object carries its digest. True/False read as on/off.
+            takes the writer's CPU; the request creating the upload goes at once (not when
+            staged on the shared tier: it journals the upload through that filesystem).
+            ``off``: uploads start after ``close()``, and the object carries its digest.
+            True/False read as on/off.
         part_size: bytes per multipart-upload part (5 MiB to 5 GiB); an object that would
             need more than S3's 10,000 parts (over 156 GiB at 16 MiB) is sent in the smallest
             whole MiB that fits (one written past 10,000 parts is then uploaded after

@@ -215,25 +215,28 @@ class _FarStore(MemoryStore):
                 self.on_wire -= 1
 
 
-def test_auto_on_few_cores_sends_a_couple_of_parts_to_a_far_store_while_writing(
+def test_auto_on_few_cores_creates_the_upload_at_once_and_holds_every_part(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A far store gets the request creating the upload while the file is written (it costs
+    no CPU); every part waits for the writer, even where each part goes slowly: two parts
+    beside a writer on one core made its close() block 1.3-2.3x as long."""
     monkeypatch.setattr(uploader, "few_cores", lambda: True)
     store = _FarStore()
     fs = _fs(tmp_path, store, upload_while_writing="auto")
-    data = os.urandom(6 * PART + 5)
-    f = fs.open("b/ckpt", "wb")
-    _write_in_chunks(f, data)
-    # The upload is created at once; its 20 ms or more say the store is far away, and the
-    # parts' rate that it is slow: two parts at a time go beside the writer (well before the
-    # hold's 10 s run out).
-    _wait_for(lambda: _parts_sent(store) == 6, timeout=5)
-    assert store.request_counts().get("CreateMultipartUpload") == 1
-    assert store.most_on_wire == 2
-    f.close()
-    fs.flush(timeout=30)
-    assert store.open_range("b", "ckpt", 0, None).read(len(data) + 1) == data
-    assert store.request_counts().get("UploadPart") == 7
+    for made, name in enumerate(("first", "second"), 1):  # the second knows parts go slowly
+        data = os.urandom(6 * PART + 5)
+        f = fs.open(f"b/{name}", "wb")
+        _write_in_chunks(f, data)
+        _wait_for(lambda made=made: store.request_counts().get("CreateMultipartUpload") == made)
+        before = _parts_sent(store)
+        time.sleep(0.5)  # two parts of this store's would be on the wire by now
+        assert _parts_sent(store) == before
+        f.close()
+        fs.flush(timeout=30)
+        assert store.open_range("b", name, 0, None).read(len(data) + 1) == data
+    assert store.request_counts().get("CreateMultipartUpload") == 2
+    assert store.request_counts().get("UploadPart") == 14
 
 
 def test_auto_on_few_cores_holds_every_part_staged_on_the_shared_tier(
@@ -280,27 +283,3 @@ def test_the_governor_learns_parts_in_flight_from_the_link() -> None:
     fixed = PartGovernor(3)
     fixed.observed(16 * MiB, 16 / 25)
     assert fixed.limit() == 3
-
-
-def test_the_governor_sends_parts_beside_a_writer_only_where_they_go_slowly() -> None:
-    unknown = PartGovernor(None)
-    assert unknown.parts_beside_writer() == 0  # nothing timed yet: the writer keeps the CPU
-    near = PartGovernor(None)
-    near.observed_request(0.002)
-    assert near.parts_beside_writer() == 0
-    far = PartGovernor(None)
-    far.observed_request(0.030)
-    assert far.parts_beside_writer() == 2
-    far.observed_request(0.001)  # the fastest answer counts
-    assert far.parts_beside_writer() == 0
-    slow_parts = PartGovernor(None)
-    slow_parts.observed_request(0.001)
-    slow_parts.observed(16 * MiB, 16 / 20)  # a part's rate, once known, decides
-    assert slow_parts.parts_beside_writer() == 2
-    fast_parts = PartGovernor(None)
-    fast_parts.observed_request(0.030)
-    fast_parts.observed(16 * MiB, 16 / 200)
-    assert fast_parts.parts_beside_writer() == 0
-    one = PartGovernor(1)
-    one.observed(16 * MiB, 16 / 20)
-    assert one.parts_beside_writer() == 1  # never more than a fixed concurrency

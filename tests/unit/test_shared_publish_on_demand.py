@@ -102,6 +102,38 @@ def test_close_publishes_no_entry_and_the_budget_counts_the_journal_copy(
     assert fs.pending()[0]["name"] == "b/k"
 
 
+def test_close_makes_no_directory_and_lists_no_journal(
+    tmp_path: Path, store: GatedStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On ceph-fuse every metadata call a close() makes waits behind the fsync of the bytes:
+    the entry's directory and the dirty budget's reading of the journal come at open()."""
+    fs = _fs(tmp_path, store)
+    shared = str(tmp_path / "shared")
+    made: list[str] = []
+    listed: list[str] = []
+    real_mkdir, real_listdir = os.mkdir, os.listdir
+
+    def mkdir(path: Any, *args: Any, **kwargs: Any) -> None:
+        if str(path).startswith(shared):  # the local tier's calls cost no round trip
+            made.append(str(path))
+        real_mkdir(path, *args, **kwargs)
+
+    def listdir(path: Any = ".") -> list[str]:
+        if str(path).startswith(shared):
+            listed.append(str(path))
+        return real_listdir(path)
+
+    for i in range(3):  # a new object each: a new shard of objects/ each time
+        f = fs.open(f"b/k{i}", "wb")
+        f.write(os.urandom(2 * KiB))
+        with monkeypatch.context() as patched:
+            patched.setattr(os, "mkdir", mkdir)
+            patched.setattr(os, "listdir", listdir)
+            f.close()
+        assert made == [] and listed == [], (made, listed)
+    assert len(_journal(tmp_path, ".json")) == 3
+
+
 def test_the_upload_publishes_the_clean_entry_other_hosts_read(
     tmp_path: Path, store: GatedStore
 ) -> None:

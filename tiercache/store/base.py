@@ -106,9 +106,9 @@ class ObjectStore(Protocol):
         """Bytes per multipart-upload part."""
         ...
 
-    def hold_parts(self, held: bool, at_most: float = 10.0, cheap_go: bool = True) -> None:
+    def hold_parts(self, held: bool, at_most: float = 10.0, create_early: bool = True) -> None:
         """Hold multipart-upload parts back for a writer (until called with False, or for
-        ``at_most`` seconds); with ``cheap_go``, as many go as cost it little CPU."""
+        ``at_most`` seconds); with ``create_early``, uploads are still created meanwhile."""
         ...
 
     def start_multipart(

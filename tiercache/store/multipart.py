@@ -9,10 +9,11 @@ store that takes one part fast (a loopback or same-rack server) gets two at a ti
 to hide the request latency without spending the CPU more would cost.
 
 A writer on a machine of few cores may have the parts held back (``PartSender.hold``): a
-part costs the client CPU for every byte it sends, so only where the link holds each part to
-a slow rate, and the CPU it takes per second is small, do a couple go beside the writer
-(``PartGovernor.parts_beside_writer``). The request that creates an upload is sent at once
-even then: it costs no CPU, and on a far store it saves a round trip once the parts go.
+part costs the client CPU for every byte it sends (reading it back, the SHA-256 of its
+signature, the socket), and even two parts sent beside a writer on one core made its
+``close()`` calls block 1.3-2.3 times as long, for no earlier end to the upload. The request
+that creates an upload is sent at once even then: it costs no CPU, and on a far store it
+saves a round trip once the parts go.
 """
 
 from __future__ import annotations
@@ -29,11 +30,6 @@ from tiercache import forksafe
 from tiercache.store.base import ObjectInfo
 
 _MEASURED = 1024 * 1024  # parts smaller than this (a file's tail) say little about the link
-_SLOW_PART = 32 * 1024 * 1024  # bytes/s: such a part costs a writer beside it a few % of a core
-# Seconds: a store that answers no faster is across a network. Creating an upload took a
-# server on this host (on a core of its own) 9-10 ms at best, one 30 ms away 31-34 ms.
-_FAR_REQUEST = 0.020
-_PARTS_BESIDE_WRITER = 2
 # S3 numbers the parts of an upload from 1 to 10,000; a larger object needs larger parts.
 MAX_PARTS = 10_000
 _PART_STEP = 1024 * 1024
@@ -88,24 +84,6 @@ class PartGovernor:
         self._lock = threading.Lock()
         self._limit = fixed or min(self.START, maximum)
         self._best = 0.0
-        self._fastest_request: float | None = None
-
-    def observed_request(self, seconds: float) -> None:
-        """A request without a body (creating an upload) took ``seconds``."""
-        with self._lock:
-            if self._fastest_request is None or seconds < self._fastest_request:
-                self._fastest_request = seconds
-
-    def parts_beside_writer(self) -> int:
-        """Parts worth sending while a writer needs the CPU: two where each part goes slowly
-        (judged by the best rate a part got, else by the fastest request: a store across a
-        network gives one connection a small share of the link), none otherwise."""
-        with self._lock:
-            if self._best > 0:
-                slow = self._best < _SLOW_PART
-            else:
-                slow = self._fastest_request is not None and self._fastest_request >= _FAR_REQUEST
-        return min(_PARTS_BESIDE_WRITER, self.fixed or self.maximum) if slow else 0
 
     def limit(self) -> int:
         with self._lock:
@@ -149,20 +127,19 @@ class PartSender:
         self._in_flight = 0
         self._threads = 0
         self._held = False
-        self._cheap_go = True
+        self._create_early = True
         self._held_until = 0.0
 
     def after_fork(self) -> None:
         self._reset()  # the parent's threads do not exist here
 
-    def hold(self, held: bool, at_most: float = 10.0, cheap_go: bool = True) -> None:
+    def hold(self, held: bool, at_most: float = 10.0, create_early: bool = True) -> None:
         """Hold parts back for a writer until called with False, or for ``at_most`` seconds (a
-        file left open for long must not hold every upload back). With ``cheap_go``, the
-        parts cheap to send beside it (``PartGovernor.parts_beside_writer``) and the requests
-        that create uploads still go; without, nothing does."""
+        file left open for long must not hold every upload back). With ``create_early``, the
+        requests that create uploads still go; without, nothing does."""
         with self._cond:
             self._held = held
-            self._cheap_go = cheap_go
+            self._create_early = create_early
             self._held_until = time.monotonic() + at_most
             self._cond.notify_all()
 
@@ -170,15 +147,12 @@ class PartSender:
         return self._held and time.monotonic() < self._held_until
 
     def _limit(self) -> int:
-        limit = self.governor.limit()
-        if not self._holding():
-            return limit
-        return min(limit, self.governor.parts_beside_writer()) if self._cheap_go else 0
+        return 0 if self._holding() else self.governor.limit()
 
     def creates_early(self) -> bool:
         """Whether an upload may be created ahead of its first part (not under a full hold)."""
         with self._cond:
-            return self._cheap_go or not self._holding()
+            return self._create_early or not self._holding()
 
     def submit(self, job: Callable[[], None]) -> None:
         """Run ``job``, a part, as the governor and any hold allow."""
@@ -204,11 +178,6 @@ class PartSender:
                 with self._cond:
                     self._in_flight -= 1
                     self._cond.notify_all()
-
-    def learned(self) -> None:
-        """The governor learned something: parts held back may go now."""
-        with self._cond:
-            self._cond.notify_all()
 
 
 class MultipartUpload:
@@ -253,8 +222,7 @@ class MultipartUpload:
             self._pending += 1
             create, self._creating = not self._creating, True
         if create and self._sender.creates_early():
-            # At once, even while parts are held (it costs no CPU to speak of), on a thread
-            # of normal priority: its round trip, timed, tells how far the store is.
+            # At once, even while parts are held: it costs no CPU to speak of.
             creator = threading.Thread(target=self._create_early, name="tiercache-create")
             creator.daemon = True
             creator.start()
@@ -265,7 +233,6 @@ class MultipartUpload:
         tries again and reports it."""
         with contextlib.suppress(Exception):
             self._created()
-        self._sender.learned()
 
     def _send(self, number: int, read: Callable[[], bytes]) -> None:
         try:
@@ -299,9 +266,7 @@ class MultipartUpload:
             if self._aborted:
                 raise _AbortedError(f"multipart upload of {self.bucket}/{self.key} was aborted")
             if self.upload_id is None:
-                start = time.perf_counter()
                 upload_id = self._requests.create_multipart(self.bucket, self.key, self._metadata)
-                self._sender.governor.observed_request(time.perf_counter() - start)
                 if self._on_created is not None:
                     try:
                         self._on_created(upload_id)
@@ -354,9 +319,9 @@ class SendsParts:
 
     _sender: PartSender
 
-    def hold_parts(self, held: bool, at_most: float = 10.0, cheap_go: bool = True) -> None:
+    def hold_parts(self, held: bool, at_most: float = 10.0, create_early: bool = True) -> None:
         """Hold parts back for a writer (see ``PartSender.hold``)."""
-        self._sender.hold(held, at_most, cheap_go)
+        self._sender.hold(held, at_most, create_early)
 
     def start_multipart(
         self,

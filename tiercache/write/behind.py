@@ -92,6 +92,12 @@ class WriteBehind:
             "generation": record.generation,
         }
 
+    def writer_opening(self) -> None:
+        """A file is opened for writing: read the journal's pending bytes now if its
+        ``close()`` would have to (see ``_wait_for_room``). On a shared tier the listing is
+        metadata round trips, which a ``close()`` would make behind the fsync of its bytes."""
+        self._dirty_bytes("", False, 0, self._config.dirty_budget)
+
     @property
     def staging_tier(self) -> LocalTier:
         """The tier whose journal this committer writes to (``write_tier``)."""

@@ -50,6 +50,7 @@ class WritePath:
             return self._staged(bucket, key, self._through, self._tier)
         self._uploader.writer_opened()  # uploads defer to writers on a machine of few cores
         try:
+            self._behind.writer_opening()
             stream = None
             if self._config.upload_while_writing != "off":
                 stream = self._uploader.streamer(bucket, key)

@@ -88,6 +88,9 @@ class StagedWriteFile(io.RawIOBase):
         self._on_close = on_close
         self._staged = tier.staging_path(entry_id)
         self._file_mode = tier.file_mode
+        # The entry's directory is made now, not by the commit: on a shared filesystem
+        # (ceph-fuse) that commit's metadata calls queue behind the fsync of the bytes.
+        tier.paths(entry_id)
         # Read-write: the mount serves reads and mmap of a file being written from it.
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
