@@ -232,6 +232,8 @@ def test_auto_on_few_cores_creates_the_upload_at_once_and_holds_every_part(
         before = _parts_sent(store)
         time.sleep(0.5)  # two parts of this store's would be on the wire by now
         assert _parts_sent(store) == before
+        if made == 1:
+            assert store._sender._threads == 1  # the others start when the parts may go
         f.close()
         fs.flush(timeout=30)
         assert store.open_range("b", name, 0, None).read(len(data) + 1) == data
@@ -258,9 +260,11 @@ def test_auto_on_few_cores_holds_every_part_staged_on_the_shared_tier(
     _write_in_chunks(f, data)
     time.sleep(0.3)
     assert store.request_counts() == {}
+    assert store._sender._threads == 0  # no part queued: uploaded after close() instead
     f.close()
     fs.flush(timeout=30)
     assert store.open_range("b", "ckpt", 0, None).read(len(data) + 1) == data
+    assert fs.stats()["uploads_streamed"] == 0
 
 
 def test_bools_read_as_on_and_off(tmp_path: Path) -> None:

@@ -158,11 +158,19 @@ class PartSender:
         """Run ``job``, a part, as the governor and any hold allow."""
         with self._cond:
             self._queue.append(job)
-            waiting = self._in_flight + len(self._queue)
-            if self._threads < min(self.governor.maximum, waiting):
-                self._threads += 1
-                threading.Thread(target=self._work, name="tiercache-part", daemon=True).start()
+            self._add_threads()
             self._cond.notify_all()
+
+    def _add_threads(self) -> None:
+        """Start the threads the queue needs (hold ``_cond``). Under a hold, one waits for
+        it to end; the rest start as parts go: a thread started beside a writer on a busy
+        core costs it the wait until the new thread first runs."""
+        wanted = min(self.governor.maximum, self._in_flight + len(self._queue))
+        if self._holding():
+            wanted = min(wanted, 1)
+        while self._threads < wanted:
+            self._threads += 1
+            threading.Thread(target=self._work, name="tiercache-part", daemon=True).start()
 
     def _work(self) -> None:
         background_priority()
@@ -172,6 +180,7 @@ class PartSender:
                     self._cond.wait(0.5 if self._held else None)
                 job = self._queue.popleft()
                 self._in_flight += 1
+                self._add_threads()  # the others waiting in the queue
             try:
                 job()
             finally:

@@ -179,8 +179,13 @@ class Uploader:
         report, self._first_report = self._first_report, None
         return report
 
-    def streamer(self, bucket: str, key: str) -> Callable[[str], PartStreamer]:
-        """What a new staged file of ``bucket/key`` sends its parts with while written."""
+    def streamer(self, bucket: str, key: str) -> Callable[[str], PartStreamer] | None:
+        """What a new staged file of ``bucket/key`` sends its parts with while written; None
+        where nothing of it would go before the writes end (staged on the shared tier on few
+        cores): the upload after ``close()`` does as well, without a descriptor opened
+        through that filesystem and a thread per part beside the writer."""
+        if self._hold_parts and not self._create_early:
+            return None
         return partial(PartStreamer, self._store, bucket, key, file_mode=self._state.tier.file_mode)
 
     def adopt_stream(self, record: Record, stream: PartStreamer) -> None:
