@@ -20,6 +20,7 @@ from typing import Any
 
 import common
 import mount_small_files
+import page_cache
 import plot
 from boto3.s3.transfer import TransferConfig
 from common import REPO, Endpoint, MiB, VerifyError
@@ -54,8 +55,9 @@ NOTES = (
     "1 MiB sequential reads of every file once, on a fresh tier and mount; mount_warm_seq, "
     "mount_warm_rand: the same mount again (tier and kernel page cache warm, files reopened). "
     "tmpfs_seq: the same files copied to /dev/shm, read in the same rounds: a page cache of "
-    "small pages, as the mount's is on this kernel, where a local ext4 file may be cached in "
-    "large folios, which copy out faster.",
+    "small pages, where a local ext4 file may be cached in large folios, which copy out "
+    "faster. page_cache_folios_kib: the folios (size in KiB: count) that cache the tier's "
+    "files as mount_cold_seq's fetches wrote them, and the local files (root only).",
     "--store-profile runs every mode that reads the store (boto3, fsspec and the mount "
     "process) through scripts/remote_store.py, the profile's numbers in params.store_profile; "
     "the upload, an untimed warm-up read of every object and cleanup go straight to the "
@@ -346,6 +348,11 @@ def fio_pass(ctx: Context, client: Any) -> dict[str, Any]:
             runs["mount_cold_seq"] = fio(ctx, mnt, names, "read", "1M", timed=False)
             # Read once the mount has settled: the mount raises it a moment after it comes up.
             read_ahead_kb = kernel_read_ahead_kb(mnt)
+            # What the warm runs copy out of: the tier files' folios as the fetches left them.
+            folios = {
+                "tier": page_cache.folio_sizes_kib(sorted(tier.rglob("*.data"))),
+                "local": page_cache.folio_sizes_kib(local / name for name in names),
+            }
             # Warm runs alternate local and mount, the median of each kept: on a busy host a
             # ratio of runs made side by side drifts less than one of runs made apart.
             samples: dict[str, list[dict[str, Any]]] = {}
@@ -392,6 +399,7 @@ def fio_pass(ctx: Context, client: Any) -> dict[str, Any]:
         "file_mib": FIO_FILE_MIB,
         "read_ahead_kb": read_ahead_kb,
         "passthrough_opens": passthrough_opens,  # warm opens the kernel read from the tier
+        "page_cache_folios_kib": folios,
         "runs": runs,
         "ratios": ratios,
     }
@@ -418,6 +426,10 @@ def print_fio(report: dict[str, Any]) -> None:
         print(
             f"{name:<18} {run['mib_s']:>9.1f} {run['iops']:>9} {run['bytes'] / MiB:>9.1f}{fetched}"
         )
+    for where, found in (report.get("page_cache_folios_kib") or {}).items():
+        if found:
+            sizes = ", ".join(f"{kib} KiB x{count}" for kib, count in found["folios"].items())
+            print(f"page-cache folios of the {where} files: {sizes}")
     print(f"\n{'fio ratio':<54} {'value':>6} {'target':>7}  result")
     for row in report["ratios"]:
         sign = "<=" if "at most" in row["name"] else ">="

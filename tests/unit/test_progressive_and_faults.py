@@ -91,6 +91,64 @@ def test_reader_gets_first_bytes_before_the_fetch_completes(tmp_path: Path) -> N
         assert f.read() == data[MiB:]
 
 
+class StallingStream:
+    """Sends ``first`` bytes, then nothing until ``gate`` is set (a link that stalls)."""
+
+    def __init__(self, inner: MemoryStream, first: int, gate: threading.Event) -> None:
+        self.info, self.start, self.end = inner.info, inner.start, inner.end
+        self._inner, self._first, self._gate = inner, first, gate
+
+    def read(self, amount: int) -> bytes:
+        if self._first <= 0:
+            assert self._gate.wait(10)
+        data = self._inner.read(min(amount, self._first) if self._first > 0 else amount)
+        self._first -= len(data)
+        return data
+
+    def readinto(self, buffer: memoryview) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class StallingStore(MemoryStore):
+    def __init__(self, first: int) -> None:
+        super().__init__(["b"])
+        self.first = first
+        self.gate = threading.Event()
+
+    def open_range(
+        self, bucket: str, key: str, start: int, end: int | None, if_match: str | None = None
+    ) -> Any:
+        return StallingStream(
+            super().open_range(bucket, key, start, end, if_match), self.first, self.gate
+        )
+
+
+def test_a_reader_gets_bytes_that_arrived_while_the_rest_of_their_chunk_stalls(
+    tmp_path: Path,
+) -> None:
+    """The fetch writes the tier in whole chunks, but never keeps a waiting reader's bytes."""
+    store = StallingStore(first=48 * 1024)
+    data = os.urandom(3 * MiB)
+    store.put_bytes("b", "obj", data)
+    fs = _fs(tmp_path, store, fetch_concurrency=1)
+    got: list[bytes] = []
+    with fs.open("b/obj", block_size=0) as f:
+        reader = threading.Thread(target=lambda: got.append(f.read(4096)))
+        reader.start()
+        reader.join(5)
+        stalled = reader.is_alive()
+        store.gate.set()
+        reader.join(10)
+        assert not stalled, "the reader waited for bytes the fetch had received"
+        assert got == [data[:4096]]
+        assert f.read() == data[4096:]
+
+
 def test_broken_streams_resume_where_they_stopped(tmp_path: Path) -> None:
     store = FlakyStore(limit=MiB + 123, failures=3)
     data = os.urandom(11 * MiB)

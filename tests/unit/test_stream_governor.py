@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from tiercache import MemoryStore
-from tiercache.read.ranges import StreamGovernor, download
+from tiercache.read.ranges import HeldBytes, StreamGovernor, download
 from tiercache.store.base import ObjectInfo
 from tiercache.store.memory import MemoryStream
 from tiercache.store.retry import RetryPolicy
@@ -82,6 +82,12 @@ class _Sink:
 
     def next_read(self, offset: int) -> int:
         return 0
+
+    def awaited_end(self, start: int, end: int) -> int:
+        return start
+
+    def holding(self, held: HeldBytes, holds: bool) -> None:
+        pass
 
     def write(self, offset: int, data: memoryview | bytes) -> None:
         with self._lock:

@@ -22,7 +22,7 @@ from tiercache import forksafe
 from tiercache.config import TierCacheConfig, fetch_streams
 from tiercache.digest import xxh3_file
 from tiercache.errors import ObjectChangedError, StoreUnavailableError
-from tiercache.read.ranges import copy_range
+from tiercache.read.ranges import HeldBytes, copy_range
 from tiercache.stats import Stats
 from tiercache.store.base import ObjectInfo, ObjectStore
 from tiercache.store.retry import RetryPolicy
@@ -306,6 +306,12 @@ class _BlockBuffer:
 
     def next_read(self, offset: int) -> int:
         return 0  # no reader to hand chunks to: any size will do
+
+    def awaited_end(self, start: int, end: int) -> int:
+        return start  # the block is read once it is whole
+
+    def holding(self, held: HeldBytes, holds: bool) -> None:
+        pass
 
     def write(self, offset: int, data: memoryview | bytes) -> None:
         at = offset - self._start

@@ -30,7 +30,7 @@ import xxhash
 
 from tiercache.errors import CacheCorruptError
 from tiercache.extents import Extents
-from tiercache.read.ranges import CHUNK, StreamGovernor, download
+from tiercache.read.ranges import CHUNK, HeldBytes, StreamGovernor, download
 from tiercache.stats import Stats
 from tiercache.store.base import ObjectInfo, ObjectStore
 from tiercache.store.retry import RetryPolicy
@@ -106,6 +106,7 @@ class Fetch:
         self._cond = threading.Condition()
         self._extents = Extents()
         self._waiting: list[tuple[int, int]] = []
+        self._held: set[HeldBytes] = set()  # the streams that hold bytes for the tier file
         self._hash_lock = threading.Lock()
         self._hasher = xxhash.xxh3_64()
         self._hashed = 0
@@ -186,12 +187,17 @@ class Fetch:
         """Block until ``[start, end)`` is in the part file; raise the fetch's error."""
         with self._cond:
             self._waiting.append((start, end))
-            try:
+            held = () if self._extents.covers(start, end) else tuple(self._held)
+        try:
+            for stream in held:  # bytes that arrived while their stream reads on
+                stream.write_for(start, end)
+            with self._cond:
                 self._cond.wait_for(lambda: self.finished or self._extents.covers(start, end))
-            finally:
+        finally:
+            with self._cond:
                 self._waiting.remove((start, end))
-            if self.error is not None:
-                raise self.error
+        if self.error is not None:
+            raise self.error
 
     def expect_read(self, start: int, size: int) -> None:
         """A reader reads ``size`` bytes from ``start`` next, and likely the same size after."""
@@ -272,6 +278,19 @@ class Fetch:
         with self._cond:
             self.info = info
             self._cond.notify_all()
+
+    def holding(self, held: HeldBytes, holds: bool) -> None:
+        with self._cond:
+            if holds:
+                self._held.add(held)
+            else:
+                self._held.discard(held)
+
+    def awaited_end(self, start: int, end: int) -> int:
+        with self._cond:
+            return max(
+                (wanted for _, wanted in self._waiting if start < wanted <= end), default=start
+            )
 
     def write(self, offset: int, data: memoryview | bytes) -> None:
         if self._whole is False:  # the reader went to blocks: the first part is not needed

@@ -33,6 +33,16 @@ class RangeSink(Protocol):
         """Store ``data`` at ``offset``; a memoryview's buffer is reused once this returns."""
         ...
 
+    def awaited_end(self, start: int, end: int) -> int:
+        """Where to write ``[start, end)`` up to at once, rather than wait for more bytes: the
+        furthest end of a range a reader waits for that those bytes end (``start``: none)."""
+        ...
+
+    def holding(self, held: HeldBytes, holds: bool) -> None:
+        """A stream holds bytes for this sink in ``held`` (``holds``), or no longer does: a
+        reader that starts to wait for some of them writes them itself (``write_for``)."""
+        ...
+
 
 class StreamGovernor:
     """How many ranged GETs a fetch runs at once, learned from what the link gives.
@@ -261,14 +271,13 @@ class _LinkMeter:
 
 
 class _CountingSink:
-    """A sink that counts the bytes written into it and how fast each stream received them
-    (for the stream governor); without ``handoff`` it asks for no read size of its own
-    (bytes go on as they arrive)."""
+    """A sink that meters how fast the streams that write into it receive their bytes (for the
+    stream governor); without ``handoff`` it asks for no read size of its own (bytes go on as
+    they arrive)."""
 
     def __init__(self, sink: RangeSink, *, handoff: bool = True) -> None:
         self._sink = sink
         self._handoff = handoff
-        self.total = 0
         self.meter = _LinkMeter()
 
     def begin(self, info: ObjectInfo) -> None:
@@ -279,7 +288,12 @@ class _CountingSink:
 
     def write(self, offset: int, data: memoryview | bytes) -> None:
         self._sink.write(offset, data)
-        self.total += len(data)  # an estimate: increments from threads may race, rarely
+
+    def awaited_end(self, start: int, end: int) -> int:
+        return self._sink.awaited_end(start, end)
+
+    def holding(self, held: HeldBytes, holds: bool) -> None:
+        self._sink.holding(held, holds)
 
 
 def _govern(
@@ -306,10 +320,11 @@ def _govern(
     tried = 0  # streams running since the last ones were added
     while parts.left() > 0:
         streams = running()
-        mark, link_mark = counted.total, counted.meter.mark()
+        # Bytes as they arrive (the sink is written in larger pieces, which would step the rate).
+        link_mark = counted.meter.mark()
         if done.wait(window):
             return
-        rate = (counted.total - mark) / window
+        rate = (counted.meter.bytes - link_mark[0]) / window
         link = counted.meter.rate_since(link_mark)  # what one stream got from the link
         if streams <= 2 and link * streams >= StreamGovernor.FAST:
             # One stream (or the first part's and one more) already moves what the link does
@@ -439,18 +454,108 @@ def copy_range(
     meter: _LinkMeter | None = None,
 ) -> None:
     """Copy ``[start, end)`` into the sink, reopening from the last byte on a broken stream;
-    a ``meter`` is told how long each read from the store took."""
+    a ``meter`` is told how long each read from the store took.
+
+    Bytes go to the sink in whole ``CHUNK``-aligned pieces (a socket read returns what has
+    arrived, a few KiB to a few hundred at any offset, and a page cache filled by such writes
+    is made of small folios, which a warm read copies out more slowly), except those a reader
+    waits for (see ``HeldBytes``) or wants handed over (``RangeSink.next_read``).
+    """
     get = RangedGet(store, info.bucket, info.key, info.etag, start, end, retry, stream)
     buffer = thread_buffer("copy")[: min(CHUNK, end - start)]  # the sink copies or consumes it
+    held = HeldBytes(sink, buffer, start)
+    sink.holding(held, True)
     try:
         while get.pos < end:
-            pos = get.pos
-            wanted = sink.next_read(pos)
+            wanted = sink.next_read(get.pos)
             began = time.monotonic()
-            # A chunk the reader's size is handed to it as is; other bytes go through the buffer.
-            data = get.read(wanted) if wanted else buffer[: get.readinto(buffer)]
+            if wanted:  # a chunk the reader's size is handed to it as is
+                with held.lock:
+                    held.write_upto(get.pos)
+                data = get.read(wanted)
+                if meter is not None:
+                    meter.received(len(data), time.monotonic() - began)
+                with held.lock:
+                    sink.write(held.advance(len(data)), data)
+                continue
+            with held.lock:
+                room = held.room(end)
+            try:
+                count = get.readinto(room)
+            except BaseException:
+                with held.lock:  # the bytes that came are good: the sink keeps them
+                    held.write_upto(get.pos)
+                raise
             if meter is not None:
-                meter.received(len(data), time.monotonic() - began)
-            sink.write(pos, data)
+                meter.received(count, time.monotonic() - began)
+            with held.lock:
+                held.received(count, whole=count == len(room))
     finally:
+        sink.holding(held, False)
         get.close()
+
+
+class HeldBytes:
+    """The bytes one stream of ``copy_range`` received and holds until their chunk is whole.
+
+    The stream's thread reads behind them into the same buffer, and writes them once the chunk
+    is whole or a reader waits for some of them (``RangeSink.awaited_end``). A reader that
+    starts to wait while the stream's thread is in a read (a link may stall there for as long
+    as its timeout) writes them itself (``write_for``): bytes that arrived never wait on bytes
+    still to come. Hold ``lock`` for every method.
+    """
+
+    def __init__(self, sink: RangeSink, buffer: memoryview, first: int) -> None:
+        self.lock = threading.Lock()
+        self._sink = sink
+        self._buffer = buffer
+        self._first = first  # the offset of buffer[0] in the object
+        self._filled = 0  # bytes in the buffer
+        self._written = 0  # of them, those at its head written already (by a reader)
+
+    def room(self, end: int) -> memoryview:
+        """Where the next read goes: the buffer up to the chunk's end (or ``end``)."""
+        self._compact()
+        stop = min(len(self._buffer), CHUNK - self._first % CHUNK, end - self._first)
+        return self._buffer[self._filled : stop]
+
+    def received(self, count: int, whole: bool) -> None:
+        """``count`` bytes were read into ``room``: write what is whole or awaited."""
+        self._filled += count
+        held_from = self._first + self._written
+        upto = self._first + self._filled
+        if not whole:
+            upto = self._sink.awaited_end(held_from, upto)
+        self.write_upto(upto)
+
+    def write_upto(self, upto: int) -> None:
+        """Write the held bytes before ``upto``."""
+        start = self._written
+        stop = min(upto - self._first, self._filled)
+        if stop > start:
+            self._sink.write(self._first + start, self._buffer[start:stop])
+            self._written = stop
+
+    def advance(self, count: int) -> int:
+        """``count`` bytes were read past the buffer (none held): where they start."""
+        self._compact()
+        assert self._filled == 0
+        first = self._first
+        self._first += count
+        return first
+
+    def _compact(self) -> None:
+        """Move what is still held to the buffer's head (the stream's thread, between reads:
+        a reader's ``write_for`` may run while a read fills the buffer behind the held bytes)."""
+        if self._written:
+            left = self._filled - self._written
+            if left:
+                self._buffer[:left] = self._buffer[self._written : self._filled]
+            self._first += self._written
+            self._filled, self._written = left, 0
+
+    def write_for(self, start: int, end: int) -> None:
+        """A reader waits for ``[start, end)``: write what is held of it (takes ``lock``)."""
+        with self.lock:
+            if start < self._first + self._filled and self._first + self._written < end:
+                self.write_upto(end)
