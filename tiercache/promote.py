@@ -22,6 +22,7 @@ def promote(src: CachedEntry, dst: LocalTier, lock_timeout: float) -> CachedEntr
     """
     meta = src.meta
     dst.reserve(meta.size)
+    reserved = meta.size  # until the publication counts the bytes, in the same step
     try:
         with dst.entry_lock(src.entry_id, lock_timeout) as paths:
             existing = dst.lookup(src.entry_id, meta.namespace, meta.source)
@@ -35,7 +36,9 @@ def promote(src: CachedEntry, dst: LocalTier, lock_timeout: float) -> CachedEntr
                 fd_out = dst.create_part(paths)
                 try:
                     _copy(fd_in, fd_out, meta.size)
-                    return dst.publish(paths, fd_out, meta)
+                    entry = dst.publish(paths, fd_out, meta, reserved=reserved)
+                    reserved = 0
+                    return entry
                 except BaseException:
                     with contextlib.suppress(OSError):
                         remove_file(paths.part)
@@ -45,7 +48,7 @@ def promote(src: CachedEntry, dst: LocalTier, lock_timeout: float) -> CachedEntr
             finally:
                 os.close(fd_in)
     finally:
-        dst.release(meta.size)
+        dst.release(reserved)
 
 
 def _copy(fd_in: int, fd_out: int, size: int) -> None:

@@ -1,4 +1,5 @@
-"""A fetch's bytes count in the tier's usage at every moment of their publication, once."""
+"""A fetch's, a promotion's and a write-through's bytes count in the tier's usage at every
+moment of their publication, once."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import Any
 import pytest
 
 import tiercache.tiers.local as local_module
+from tiercache import MemoryStore, TierCacheFileSystem
+from tiercache.promote import promote
 from tiercache.store.base import ObjectInfo
 from tiercache.tiers.entry import EntryMeta
 from tiercache.tiers.local import LocalTier
@@ -62,3 +65,53 @@ def test_a_failed_publication_leaves_the_bytes_reserved_for_the_caller(tmp_path:
     assert tier.usage() == SIZE  # still reserved: the fetch's own cleanup releases them
     tier.release(SIZE)
     assert tier.usage() == 0
+
+
+def _release_and_look(monkeypatch: pytest.MonkeyPatch, tier: LocalTier) -> list[int]:
+    """The tier's usage each time a reservation is released (before it is)."""
+    seen: list[int] = []
+    release = tier.release
+
+    def release_and_look(nbytes: int) -> None:
+        seen.append(tier.usage())
+        release(nbytes)
+
+    monkeypatch.setattr(tier, "release", release_and_look)
+    return seen
+
+
+def test_a_promotion_counts_its_bytes_once_as_it_publishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = LocalTier(str(tmp_path / "shared"), 10 * SIZE)
+    local = LocalTier(str(tmp_path / "local"), 10 * SIZE)
+    entry_id = shared.entry_id(NS, "b", "k")
+    with shared.entry_lock(entry_id, 5.0) as paths:
+        fd = shared.create_part(paths)
+        try:
+            os.write(fd, os.urandom(SIZE))
+            source = shared.publish(paths, fd, META)
+        finally:
+            os.close(fd)
+    assert local.usage() == 0
+    seen = _release_and_look(monkeypatch, local)
+    promote(source, local, 5.0)
+    # Released after the publication, the bytes counted twice in between.
+    assert seen == [SIZE]
+    assert local.usage() == SIZE and local.usage(fresh=True) == SIZE
+
+
+def test_a_write_through_counts_its_bytes_once_as_it_publishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fs = TierCacheFileSystem(
+        store=MemoryStore(["b"]),
+        local_dir=str(tmp_path / "tier"),
+        write_mode="through",
+        skip_instance_cache=True,
+    )
+    assert fs.tier.usage() == 0
+    seen = _release_and_look(monkeypatch, fs.tier)
+    fs.pipe_file("b/k", os.urandom(SIZE))
+    assert seen == [SIZE]
+    assert fs.tier.usage() == SIZE

@@ -44,15 +44,19 @@ class WriteThrough:
             self._stats.add("bytes_written", staged.size)
             meta = EntryMeta.for_object(info, staged.source, self._store.namespace, staged.digest)
 
+            reserved = staged.size  # until the publication counts the bytes, in the same step
+
             def publish(paths: EntryPaths) -> None:
-                tier.publish(paths, staged.fd, meta, src=staged.path)
+                nonlocal reserved
+                tier.publish(paths, staged.fd, meta, src=staged.path, reserved=reserved)
+                reserved = 0
 
             tier.reserve(staged.size)
             try:
                 if os.path.exists(staged.path):
                     self._state.store_written(change, publish)
             finally:
-                tier.release(staged.size)
+                tier.release(reserved)
         return {
             "name": f"{staged.bucket}/{staged.key}",
             "size": staged.size,
