@@ -91,12 +91,12 @@ def test_reader_gets_first_bytes_before_the_fetch_completes(tmp_path: Path) -> N
         assert f.read() == data[MiB:]
 
 
-class StallingStream:
+class StallingStream(FlakyStream):
     """Sends ``first`` bytes, then nothing until ``gate`` is set (a link that stalls)."""
 
     def __init__(self, inner: MemoryStream, first: int, gate: threading.Event) -> None:
-        self.info, self.start, self.end = inner.info, inner.start, inner.end
-        self._inner, self._first, self._gate = inner, first, gate
+        super().__init__(inner, first)
+        self._first, self._gate = first, gate
 
     def read(self, amount: int) -> bytes:
         if self._first <= 0:
@@ -104,14 +104,6 @@ class StallingStream:
         data = self._inner.read(min(amount, self._first) if self._first > 0 else amount)
         self._first -= len(data)
         return data
-
-    def readinto(self, buffer: memoryview) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        self._inner.close()
 
 
 class StallingStore(MemoryStore):
