@@ -550,7 +550,8 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
     def flush(
         self, path: str = "", timeout: float | None = None, retry_failed: bool = False
     ) -> None:
-        """Wait until everything written behind under ``path`` (default: all) is in the store.
+        """Wait until everything written behind under ``path`` (default: all) is in the store
+        and this process's uploads of it have left the journal (records, bytes and claims).
 
         ``path`` is an object or a prefix (``bucket/checkpoints/step-100``). Raises
         ``CacheTimeoutError`` after ``timeout`` seconds, naming what is still pending, and

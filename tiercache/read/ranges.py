@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -483,7 +484,9 @@ def copy_range(
             try:
                 count = get.readinto(room)
             except BaseException:
-                with held.lock:  # the bytes that came are good: the sink keeps them
+                # The bytes that came are good: the sink keeps them (a failure to write them
+                # does not hide why the range failed).
+                with held.lock, contextlib.suppress(Exception):
                     held.write_upto(get.pos)
                 raise
             if meter is not None:

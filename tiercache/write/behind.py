@@ -193,7 +193,8 @@ class WriteBehind:
             for record in self.pending(prefix):
                 if record.state == "failed":
                     self._state.retry(record.entry_id)
-        self._uploader.retry_now([r.entry_id for r in self.pending(prefix) if r.state == "dirty"])
+        owed = [r.entry_id for r in self.pending(prefix) if r.state == "dirty"]
+        self._uploader.retry_now(owed)
         finished = self._uploader.wait_finished(-1, 0)
         while True:
             remaining = self._owed(prefix)
@@ -207,6 +208,10 @@ class WriteBehind:
                 )
             # Woken as soon as an upload of this process ends; others' are seen by polling.
             finished = self._uploader.wait_finished(finished, _POLL)
+        # An upload's record goes before its claim: nothing of what this flush uploaded is
+        # left in the journal once it returns (a claim left a moment longer would be taken
+        # for an upload still under way by anyone who looks).
+        self._uploader.wait_idle(owed, deadline)
         if remaining:
             names = [r.name for r in remaining]
             details = "; ".join(f"{r.name} ({r.state}: {r.error})" for r in remaining[:5])

@@ -17,7 +17,7 @@ import os
 import posixpath
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -306,6 +306,17 @@ class Uploader:
         with self._cond:
             self._cond.wait_for(lambda: self._finished != seen, timeout)
             return self._finished
+
+    def wait_idle(self, entry_ids: Iterable[str], deadline: float | None) -> bool:
+        """Wait until no upload of ``entry_ids`` runs in this process: each landed, failed or
+        gave up, and gave its claim back (by ``deadline``, a ``time.monotonic()``); False if
+        one still ran then."""
+        wanted = set(entry_ids)
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: not (self._active & wanted),
+                None if deadline is None else max(0.0, deadline - time.monotonic()),
+            )
 
     def last_error(self, entry_id: str) -> tuple[int, str]:
         """Attempts so far and the last error of one object, as seen by this process."""
