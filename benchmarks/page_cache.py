@@ -13,7 +13,8 @@ from typing import Any, BinaryIO
 PAGE = mmap.PAGESIZE
 _PRESENT = 1 << 63
 _PFN_MASK = (1 << 55) - 1
-_COMPOUND_HEAD = 1 << 15  # /proc/kpageflags bits (Documentation/admin-guide/mm/pagemap.rst)
+# /proc/kpageflags: a page that continues a folio (Documentation/admin-guide/mm/pagemap.rst);
+# any other page (a folio's head, or a page alone) starts one.
 _COMPOUND_TAIL = 1 << 16
 
 

@@ -193,8 +193,8 @@ class WriteBehind:
             for record in self.pending(prefix):
                 if record.state == "failed":
                     self._state.retry(record.entry_id)
-        owed = [r.entry_id for r in self.pending(prefix) if r.state == "dirty"]
-        self._uploader.retry_now(owed)
+        to_upload = [r.entry_id for r in self.pending(prefix) if r.state == "dirty"]
+        self._uploader.retry_now(to_upload)
         finished = self._uploader.wait_finished(-1, 0)
         while True:
             remaining = self._owed(prefix)
@@ -211,7 +211,7 @@ class WriteBehind:
         # An upload's record goes before its claim: nothing of what this flush uploaded is
         # left in the journal once it returns (a claim left a moment longer would be taken
         # for an upload still under way by anyone who looks).
-        self._uploader.wait_idle(owed, deadline)
+        self._uploader.wait_idle(to_upload, deadline)
         if remaining:
             names = [r.name for r in remaining]
             details = "; ".join(f"{r.name} ({r.state}: {r.error})" for r in remaining[:5])
