@@ -186,3 +186,30 @@ def test_prefetch_waits_rather_than_evict_what_min_would_keep(tmp_path: Path) ->
     fs.wait_fetches()
     assert sorted(store.gets) == ["a", "b", "p", "y"]  # each fetched once
     assert not fs.is_cached("b/p")
+
+
+def test_settled_prefetch_leaves_nothing_protected(tmp_path: Path, monkeypatch: Any) -> None:
+    """Once ``wait_fetches`` returns, no prefetched entry is kept from eviction: a worker lets
+    go of its protection before its object counts as settled, not after (an unprotect slowed
+    here stands for a worker thread descheduled at that moment)."""
+    store = MemoryStore(["b"])
+    paths = [f"b/s{i:02d}" for i in range(4)]
+    for path in paths:
+        store.put_bytes("b", path[2:], os.urandom(SIZE))
+    fs = TierCacheFileSystem(
+        store=store, local_dir=str(tmp_path / "tier"), skip_instance_cache=True
+    )
+    next_use = fs._runtime.prefetch.next_use
+    unprotect = next_use.unprotect
+
+    def slow_unprotect(entry_id: str) -> None:
+        time.sleep(0.3)
+        unprotect(entry_id)
+
+    monkeypatch.setattr(next_use, "unprotect", slow_unprotect)
+    fs.cat(paths)
+    fs.wait_fetches()
+    assert fs.stats()["prefetched"] >= 1
+    report = fs.evict(0)
+    assert report.kept_busy == 0
+    assert not any(fs.is_cached(p) for p in paths)

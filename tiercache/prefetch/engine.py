@@ -420,14 +420,19 @@ class PrefetchEngine:
             return
         # From the lookup that finds it cached to the lock that pins it, the entry is open to
         # eviction: this process's, which would take it as it is read soonest, passes it over.
+        # ``_fetch_item`` lets go of it once the entry is pinned, before the item settles: a
+        # caller of ``wait_settled`` then finds no entry kept from its eviction.
         entry_id = self.entry_id(item.bucket, item.key)
         self.next_use.protect(entry_id)
         try:
             claim = self._may_bring(item)
-            if claim is not None:
-                self._fetch_item(item, entry_id, claim)
-        finally:
+        except BaseException:
             self.next_use.unprotect(entry_id)
+            raise
+        if claim is None:
+            self.next_use.unprotect(entry_id)
+            return
+        self._fetch_item(item, entry_id, claim)
 
     def _may_bring(self, item: Item) -> int | None:
         """The tier's claim on room to bring an object of a read-ahead order now (0: none
@@ -466,7 +471,8 @@ class PrefetchEngine:
 
     def _fetch_item(self, item: Item, entry_id: str | None, claim: int = 0) -> None:
         """Fetch or find ``item``'s object and pin it; ``claim``: room ``make_room`` reserved
-        for it, dropped once its fetch has started (its ``reserve`` took it over)."""
+        for it, dropped once its fetch has started (its ``reserve`` took it over); the
+        protection of ``entry_id`` (``_fetch``) ends once it is pinned."""
         outcome, fd, size = CACHED, -1, item.size
         error: BaseException | str | None = None
         try:
@@ -515,6 +521,9 @@ class PrefetchEngine:
             if fd >= 0:
                 os.close(fd)
                 fd = -1
+        finally:
+            if entry_id is not None:  # pinned, or let go of: before the item settles
+                self.next_use.unprotect(entry_id)
         if claim:
             self._tier.drop_claim(claim)
         if not item.pin and fd >= 0:
