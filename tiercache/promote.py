@@ -21,34 +21,30 @@ def promote(src: CachedEntry, dst: LocalTier, lock_timeout: float) -> CachedEntr
     is copied; its metadata (ETag, digest, validation time) carries over unchanged.
     """
     meta = src.meta
-    dst.reserve(meta.size)
-    reserved = meta.size  # until the publication counts the bytes, in the same step
-    try:
-        with dst.entry_lock(src.entry_id, lock_timeout) as paths:
-            existing = dst.lookup(src.entry_id, meta.namespace, meta.source)
-            if existing is not None and existing.meta.etag == meta.etag and dst.is_intact(existing):
-                return existing
-            fd_in = os.open(src.paths.data, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with (
+        dst.reservation(meta.size) as reserved,
+        dst.entry_lock(src.entry_id, lock_timeout) as paths,
+    ):
+        existing = dst.lookup(src.entry_id, meta.namespace, meta.source)
+        if existing is not None and existing.meta.etag == meta.etag and dst.is_intact(existing):
+            return existing
+        fd_in = os.open(src.paths.data, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd_in, fcntl.LOCK_SH)
+            if os.fstat(fd_in).st_size != meta.size:
+                raise FileNotFoundError(2, "shared entry is torn", src.paths.data)
+            fd_out = dst.create_part(paths)
             try:
-                fcntl.flock(fd_in, fcntl.LOCK_SH)
-                if os.fstat(fd_in).st_size != meta.size:
-                    raise FileNotFoundError(2, "shared entry is torn", src.paths.data)
-                fd_out = dst.create_part(paths)
-                try:
-                    _copy(fd_in, fd_out, meta.size)
-                    entry = dst.publish(paths, fd_out, meta, reserved=reserved)
-                    reserved = 0
-                    return entry
-                except BaseException:
-                    with contextlib.suppress(OSError):
-                        remove_file(paths.part)
-                    raise
-                finally:
-                    os.close(fd_out)
+                _copy(fd_in, fd_out, meta.size)
+                return reserved.publish(paths, fd_out, meta)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    remove_file(paths.part)
+                raise
             finally:
-                os.close(fd_in)
-    finally:
-        dst.release(reserved)
+                os.close(fd_out)
+        finally:
+            os.close(fd_in)
 
 
 def _copy(fd_in: int, fd_out: int, size: int) -> None:

@@ -4,15 +4,14 @@ except where a reader waits for bytes already received."""
 from __future__ import annotations
 
 import random
-import threading
 from typing import Any
 
 import pytest
+from support.memory_sink import MemorySink
 
 from tiercache import MemoryStore
 from tiercache.errors import StoreUnavailableError
-from tiercache.read.ranges import CHUNK, HeldBytes, copy_range
-from tiercache.store.base import ObjectInfo
+from tiercache.read.ranges import CHUNK, copy_range
 from tiercache.store.memory import MemoryStream
 from tiercache.store.retry import RetryableError, RetryPolicy
 
@@ -58,43 +57,14 @@ class _RaggedStore(MemoryStore):
         return _RaggedStream(inner, self._rng, self._break_at)
 
 
-class _RecordingSink:
-    """Keeps every write's (offset, length); a reader waits for ``waited`` (if any)."""
-
-    def __init__(self, size: int, waited: tuple[int, int] | None = None) -> None:
-        self.data = bytearray(size)
-        self.writes: list[tuple[int, int]] = []
-        self.waited = waited
-        self._lock = threading.Lock()
-
-    def begin(self, info: ObjectInfo) -> None:
-        pass
-
-    def next_read(self, offset: int) -> int:
-        return 0
-
-    def awaited_end(self, start: int, end: int) -> int:
-        if self.waited is not None and start < self.waited[1] <= end:
-            return self.waited[1]
-        return start
-
-    def holding(self, held: HeldBytes, holds: bool) -> None:
-        pass
-
-    def write(self, offset: int, data: memoryview | bytes) -> None:
-        with self._lock:
-            self.data[offset : offset + len(data)] = data
-            self.writes.append((offset, len(data)))
-
-
 def _copy(
     seed: int, size: int, start: int, waited: tuple[int, int] | None = None, **store: Any
-) -> tuple[bytes, _RecordingSink]:
+) -> tuple[bytes, MemorySink]:
     payload = random.Random(seed).randbytes(size)
     ragged = _RaggedStore(seed, **store)
     ragged.put_bytes("b", "k", payload)
     info = ragged.head("b", "k")
-    sink = _RecordingSink(size, waited)
+    sink = MemorySink(size, waited)
     retry = RetryPolicy(attempts=3, base_delay=0.001, max_delay=0.001)
     copy_range(ragged, info, sink, start, size, retry, None)
     return payload, sink
@@ -140,7 +110,7 @@ def test_a_range_that_fails_for_good_leaves_the_bytes_it_received_in_the_sink() 
     ragged = _RaggedStore(7, break_at=CHUNK + 500 * KiB)
     ragged.put_bytes("b", "k", payload)
     ragged._break_at *= 10  # every attempt breaks there
-    sink = _RecordingSink(size)
+    sink = MemorySink(size)
     retry = RetryPolicy(attempts=3, base_delay=0.001, max_delay=0.001)
     with pytest.raises(StoreUnavailableError):
         copy_range(ragged, ragged.head("b", "k"), sink, 0, size, retry, None)

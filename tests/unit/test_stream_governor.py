@@ -7,9 +7,10 @@ import threading
 import time
 from typing import Any
 
+from support.memory_sink import MemorySink
+
 from tiercache import MemoryStore
-from tiercache.read.ranges import HeldBytes, StreamGovernor, download
-from tiercache.store.base import ObjectInfo
+from tiercache.read.ranges import StreamGovernor, download
 from tiercache.store.memory import MemoryStream
 from tiercache.store.retry import RetryPolicy
 
@@ -72,34 +73,12 @@ class _LinkStore(MemoryStore):
         return _LinkStream(super().open_range(bucket, key, start, end, if_match), self.link)
 
 
-class _Sink:
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self._lock = threading.Lock()
-
-    def begin(self, info: ObjectInfo) -> None:
-        self.data = bytearray(info.size)
-
-    def next_read(self, offset: int) -> int:
-        return 0
-
-    def awaited_end(self, start: int, end: int) -> int:
-        return start
-
-    def holding(self, held: HeldBytes, holds: bool) -> None:
-        pass
-
-    def write(self, offset: int, data: memoryview | bytes) -> None:
-        with self._lock:
-            self.data[offset : offset + len(data)] = data
-
-
 def _fetch(
     store: _LinkStore, governor: StreamGovernor, size: int, **options: Any
 ) -> tuple[bytes, bytes]:
     payload = random.randbytes(size)
     store.put_bytes("b", "k", payload)
-    sink = _Sink()
+    sink = MemorySink()
     download(
         store,
         "b",

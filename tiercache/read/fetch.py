@@ -37,6 +37,7 @@ from tiercache.store.retry import RetryPolicy
 from tiercache.tiers.entry import CachedEntry, EntryMeta, EntryPaths
 from tiercache.tiers.local import LocalTier, remove_file
 from tiercache.tiers.preallocate import preallocate
+from tiercache.tiers.reservation import Reservation
 from tiercache.verify import Identity, identity
 
 # Read sizes handed over as whole chunks: smaller reads cost more per byte in Python than the
@@ -116,7 +117,7 @@ class Fetch:
         self._reader_size = 0
         self._handoff: deque[tuple[int, bytes]] = deque(maxlen=2)
         self._fd = -1
-        self._reserved = 0
+        self._reservation: Reservation | None = None  # from ``begin``
         self._paths: EntryPaths | None = None
         self.info: ObjectInfo | None = None
         self.entry: CachedEntry | None = None
@@ -272,8 +273,7 @@ class Fetch:
         threshold = self.request.block_threshold
         if threshold is not None and info.size >= threshold:
             raise BlockModeRequiredError(info)
-        self._tier.reserve(info.size)
-        self._reserved = info.size
+        self._reservation = self._tier.reservation(info.size)
         preallocate(self._fd, info.size)  # a full disk fails here, before any byte is read
         with self._cond:
             self.info = info
@@ -420,15 +420,16 @@ class Fetch:
             )
             # The reservation ends as the entry counts as published, in one step: the bytes
             # count once all along (see ``LocalTier.publish``).
-            entry = self._tier.publish(paths, self._fd, meta, reserved=self._reserved)
-            self._reserved = 0
+            assert self._reservation is not None  # ``begin`` came first
+            entry = self._reservation.publish(paths, self._fd, meta)
             self.identity = identity(os.fstat(self._fd))
         except BaseException:
             with contextlib.suppress(OSError):  # never mask the error being raised
                 remove_file(paths.part)
             raise
         finally:
-            self._tier.release(self._reserved)
+            if self._reservation is not None:
+                self._reservation.release()
         self._stats.add("fetches")
         self._stats.add_time("fetch_seconds", time.monotonic() - started)
         return entry

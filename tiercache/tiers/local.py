@@ -49,6 +49,7 @@ from tiercache.tiers.entry import (
 )
 from tiercache.tiers.locks import is_shared_locked, lock, try_lock, unlock
 from tiercache.tiers.next_use import NextUse
+from tiercache.tiers.reservation import Reservation
 
 _SCAN_REUSE_SECONDS = 1.0
 
@@ -549,6 +550,11 @@ class LocalTier:
         """Give back a claim no ``reserve`` took over."""
         with self._lock:
             self._reserved -= self._claims.pop(claim, 0)
+
+    def reservation(self, nbytes: int) -> Reservation:
+        """``reserve`` ``nbytes`` for one entry, handed to it as it is published (see
+        ``Reservation``)."""
+        return Reservation(self, nbytes)
 
     def release(self, nbytes: int) -> None:
         """The reserved bytes are now published (and counted by ``usage``) or abandoned."""

@@ -44,19 +44,13 @@ class WriteThrough:
             self._stats.add("bytes_written", staged.size)
             meta = EntryMeta.for_object(info, staged.source, self._store.namespace, staged.digest)
 
-            reserved = staged.size  # until the publication counts the bytes, in the same step
+            with tier.reservation(staged.size) as reserved:
 
-            def publish(paths: EntryPaths) -> None:
-                nonlocal reserved
-                tier.publish(paths, staged.fd, meta, src=staged.path, reserved=reserved)
-                reserved = 0
+                def publish(paths: EntryPaths) -> None:
+                    reserved.publish(paths, staged.fd, meta, src=staged.path)
 
-            tier.reserve(staged.size)
-            try:
                 if os.path.exists(staged.path):
                     self._state.store_written(change, publish)
-            finally:
-                tier.release(reserved)
         return {
             "name": f"{staged.bucket}/{staged.key}",
             "size": staged.size,
