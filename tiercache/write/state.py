@@ -45,6 +45,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tiercache import forksafe
 from tiercache.digest import xxh3_file
 from tiercache.errors import CacheCorruptError, is_no_space, tier_full
 from tiercache.store.base import ObjectInfo
@@ -66,6 +67,9 @@ from tiercache.write.staged import StagedObject
 RECORD_VERSION = 2
 RecordState = Literal["dirty", "failed", "lost"]
 log = logging.getLogger("tiercache.write")
+
+# A shared tier's commit sends two of its metadata calls at once (``WriteState.commit``).
+_commit_threads = forksafe.LazyPool(1, "tiercache-commit")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,11 +235,17 @@ class WriteState:
                 # Everything that needs space first, while the bytes are being fsynced (on a
                 # shared filesystem, each file made is a round trip); then renames only.
                 if on_demand and staged.movable:  # no entry takes the staged file
-                    os.rename(staged.path, own_bytes)
-                    staged.moved()
+                    # Two round trips to the shared filesystem's metadata server at once:
+                    # the bytes move into the journal while the record's file is made.
+                    moving = _commit_threads.submit(os.rename, staged.path, own_bytes)
+                    try:
+                        record_tmp = prepare_file(record_path, record.to_json(), self._mode)
+                    finally:
+                        moving.result()
+                        staged.moved()  # once moved, even if the record's file failed
                 else:
                     _link_or_copy(staged.path, own_bytes)
-                record_tmp = prepare_file(record_path, record.to_json(), self._mode)
+                    record_tmp = prepare_file(record_path, record.to_json(), self._mode)
                 if not on_demand:
                     # Not fsynced: the record and the journal's own bytes are the durable
                     # truth of a pending write; a meta a crash left empty is published again.
