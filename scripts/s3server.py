@@ -40,6 +40,11 @@ _AUTO_PORT_TRIES = 50
 _START_ATTEMPTS = 3
 _STOP_GRACE_S = 15.0
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+# A second identity every server started here has: it may read and list only the buckets whose
+# names start with READER_BUCKETS (tests of what one user's cache must not show another).
+READER_KEY = "tc-reader"
+READER_SECRET = "tc-reader-secret"  # a throwaway server's well-known key, as the admin's
+READER_BUCKETS = "tc-reader-"
 # How weed reports a lost port race: a pre-flight check or a failed listen.
 _PORT_RACE_RE = re.compile(r"Port allocation failed|address already in use|is not available")
 
@@ -462,8 +467,13 @@ def _launch(
         "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
         "actions": ["Admin", "Read", "Write", "List", "Tagging"],
     }
+    reader = {
+        "name": "reader",
+        "credentials": [{"accessKey": READER_KEY, "secretKey": READER_SECRET}],
+        "actions": [f"Read:{READER_BUCKETS}*", f"List:{READER_BUCKETS}*"],
+    }
     s3_config = root / "s3.json"
-    _write_atomic(s3_config, json.dumps({"identities": [identity]}) + "\n", mode=0o600)
+    _write_atomic(s3_config, json.dumps({"identities": [identity, reader]}) + "\n", mode=0o600)
     pid = _spawn(_weed_argv(weed, port, data_dir, str(s3_config)), str(root / "weed.log"))
     _write_atomic(root / "weed.pid", f"{pid}\n")
     srv = S3Server(

@@ -24,7 +24,7 @@ import time
 from tiercache.processes import is_alive, start_ticks
 from tiercache.tiers.entry import EntryMeta, read_small_file, write_atomically
 from tiercache.tiers.lease import is_stale, keep_alive, stop_keeping_alive
-from tiercache.tiers.local import fsync_dir
+from tiercache.tiers.local import fsync_dir, make_tier_dir
 
 
 def _source(bucket: str, directory: str) -> str:
@@ -41,8 +41,7 @@ class CheckpointRegistry:
     def __init__(
         self, root: str, keep: int, file_mode: int, dir_mode: int, holds: CommitHolds | None = None
     ) -> None:
-        self.dir = os.path.join(root, "checkpoints")
-        os.makedirs(self.dir, mode=dir_mode, exist_ok=True)
+        self.dir = make_tier_dir(root, "checkpoints", dir_mode)
         self.holds = holds or CommitHolds(root, file_mode, dir_mode)
         self._keep = keep
         self._file_mode = file_mode
@@ -64,10 +63,9 @@ class CheckpointRegistry:
         found = []
         for name in os.listdir(self.dir):
             try:
-                with open(os.path.join(self.dir, name), "rb") as f:
-                    row = json.loads(f.read())
+                row = json.loads(read_small_file(os.path.join(self.dir, name), 1 << 16) or b"")
                 found.append((float(row["committed_at"]), str(row["source"])))
-            except (OSError, ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError):
                 continue  # a torn or foreign file protects nothing
         found.sort(reverse=True)
         prefixes = tuple(source for _, source in found[: self._keep])
@@ -92,7 +90,7 @@ class CommitHolds:
     def __init__(
         self, root: str, file_mode: int, dir_mode: int, stale_after: float | None = None
     ) -> None:
-        self.dir = os.path.join(root, "commit-holds")
+        self.dir = make_tier_dir(root, "commit-holds", dir_mode)
         self._file_mode = file_mode
         self._dir_mode = dir_mode
         self._stale_after = stale_after
@@ -103,7 +101,7 @@ class CommitHolds:
     def hold(self, bucket: str, directory: str) -> str:
         """Hold the marker of ``s3://bucket/directory/`` (replacing any earlier hold) until
         ``release`` with the token returned. Durable before it returns."""
-        os.makedirs(self.dir, mode=self._dir_mode, exist_ok=True)
+        make_tier_dir(os.path.dirname(self.dir), "commit-holds", self._dir_mode)  # removed?
         token = secrets.token_hex(8)
         pid = os.getpid()
         row = {
@@ -137,7 +135,7 @@ class CommitHolds:
 
     def held(self, bucket: str, directory: str) -> bool:
         """True while the directory's marker is held."""
-        return os.path.exists(self._path(bucket, directory))
+        return os.path.lexists(self._path(bucket, directory))
 
     def orphaned(self, bucket: str, directory: str) -> str | None:
         """The holder, if it is gone (nothing will release its hold): a process of this

@@ -73,7 +73,13 @@ class TierCacheConfig:
     Attributes:
         local_dir: directory of the node-local tier (created private to the user). Default:
             ``$XDG_CACHE_HOME/tiercache``, else ``~/.cache/tiercache``.
-        local_max_bytes: byte budget of the local tier; LRU eviction keeps it under.
+        local_max_bytes: byte budget of the local tier, one for all the node's processes
+            that use it. Eviction (least recently used first, or by next use) keeps the
+            objects' bytes at or below it plus the entries it may not remove at that moment:
+            open, prefetched and not yet read (pinned), dirty, or kept checkpoints. Readers,
+            DataLoader workers, prefetch and promotion count each other's fetches in flight
+            and publications through ``ROOT/ledger``. Each entry's metadata file (a few
+            hundred bytes) and the tier's own files (the ledger: 32 KiB) come on top.
         consistency: when a cached object, its info or a listing is checked against the
             store again. ``immutable``: never (datasets that do not change); ``ttl``: after
             ``ttl`` seconds, by ETag and size, through one LIST of the prefix that vouches for
@@ -145,14 +151,20 @@ class TierCacheConfig:
         shared_dir: directory of the shared tier on a filesystem many hosts mount (GPFS,
             Lustre, NFS, CephFS); None: no shared tier. Reads go local → shared → store; a
             miss fills the shared tier, so one host fetches an object for all of them.
-        shared_max_bytes: byte budget of the shared tier.
+        shared_max_bytes: byte budget of the shared tier. Each host's processes count each
+            other's fetches in flight (through the local tier's directory), other hosts'
+            once published: all hosts together may pass it by what the others are fetching
+            at that moment.
         shared_policy: on a shared-tier hit, ``promote`` copies the object into the local
             tier and serves it from there; ``serve`` reads it from the shared tier in place.
         shared_auth: ``store``: before serving a shared entry, ask the store (a HEAD with the
             reader's credentials, at most once per ``ttl`` per object and process) whether
-            this reader may read the object; ``trust``: anyone who can read the shared
-            directory gets its bytes. Default: ``store`` when ``shared_file_mode`` lets the
-            group or others read, else ``trust`` (only this user can read the files).
+            this reader may read the object, and before serving a listing another process
+            kept there, whether it may list the prefix (the first page of a LIST of it, at
+            most once per ``ttl`` per prefix and process); ``trust``: anyone who can read
+            the shared directory gets its bytes and listings. Default: ``store`` when
+            ``shared_file_mode`` lets the group or others read, else ``trust`` (only this
+            user can read the files).
         shared_file_mode: permission bits of shared-tier files (default: ``file_mode``); give
             the group read and write (0o660) to share the tier between users of a group.
         host_id: this host's name in shared-tier leases (default: the hostname).
@@ -180,9 +192,10 @@ class TierCacheConfig:
         readahead: objects after the one being opened that a read-ahead order prefetches (k);
             where the depth starts: it grows while the reader waits. The mount prefetches
             this many files after the one read, in its directory's listing order (0: off).
-        prefetch_window_bytes: bytes one process may hold prefetched and not yet read, in
-            flight included (protected from eviction until read); the next object is fetched
-            only when it fits (default: half of ``local_max_bytes``).
+        prefetch_window_bytes: bytes the node's processes together may hold prefetched and
+            not yet read, in flight included (protected from eviction until read); one
+            window per local tier, as its budget is one: the next object is fetched only
+            when it fits (default: half of ``local_max_bytes``).
     """
 
     local_dir: str = dataclasses.field(default_factory=default_local_dir)

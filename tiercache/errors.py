@@ -9,7 +9,9 @@ the matching built-in so that callers' ``except FileNotFoundError`` clauses keep
     ├── AccessDeniedError(PermissionError)   the store refused the credentials or the action
     ├── StoreError(OSError)                  the store answered with an error we do not retry
     │   ├── StoreUnavailableError(ConnectionError)  retries spent: unreachable, 5xx, throttled
-    │   └── ObjectChangedError               the object changed while it was being fetched
+    │   ├── NotImplementedByStoreError       501: the store lacks what was asked (conditions)
+    │   └── ObjectChangedError               the object changed while it was being fetched, or
+    │                                        a conditional write found another version
     ├── CacheTimeoutError(TimeoutError)      waited too long for another fetcher
     ├── CacheCorruptError(OSError)           a cache entry failed its integrity check
     ├── UploadFailedError(OSError)           written behind, but refused by the store for good
@@ -46,6 +48,11 @@ class StoreError(TierCacheError, OSError):
 
 class StoreUnavailableError(StoreError, ConnectionError):
     """The store could not be reached or kept failing after bounded retries."""
+
+
+class NotImplementedByStoreError(StoreError):
+    """The store does not implement what the request asked (501 NotImplemented), such as the
+    conditional headers of a write on a store without conditional writes."""
 
 
 class ObjectChangedError(StoreError):

@@ -220,6 +220,17 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         bucket, key = self.split_path(path)
         return self._info_of(bucket, key, use_cache=True)
 
+    def exists(self, path: str, **kwargs: Any) -> bool:
+        """fsspec's ``exists``, except that a refusal of the store is raised, as s3fs raises
+        it: a key the caller's credentials may not see is not known to be absent."""
+        try:
+            self.info(path)
+        except PermissionError:
+            raise
+        except Exception:  # fsspec's: anything else (no such key, a bad path) is "no"
+            return False
+        return True
+
     def _info_of(self, bucket: str, key: str, use_cache: bool) -> dict[str, Any]:
         """The ``info`` row of a key: from a tier entry or the metadata cache while they may
         be trusted (``use_cache``), else from the store (a HEAD, and a LIST if it is no
@@ -607,6 +618,15 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
                 }
             )
         return rows
+
+    def superseded(self, path: str = "") -> list[dict[str, Any]]:
+        """Versions written behind and never uploaded because the store already held a newer
+        one (another host's, after this one paused past its claim, or one made outside
+        tiercache), found in the last week: name, the host that wrote it, when it was found
+        (``at``) and why. Not an error: ``flush`` succeeds with them."""
+        prefix = self._strip_protocol(path) if path else ""
+        notes = self._runtime.write_state.superseded_notes()
+        return [n for n in notes if str(n["name"]).startswith(prefix)]
 
     @property
     def commit_holds(self) -> CommitHolds:

@@ -17,7 +17,7 @@ from tiercache.checkpoints import CheckpointRegistry, CommitHolds
 from tiercache.config import TierCacheConfig, fetch_streams, upload_parts
 from tiercache.metadata.cache import MetadataCache
 from tiercache.metadata.revalidate import ListingRevalidator
-from tiercache.metadata.shared import Lister, SharedListings
+from tiercache.metadata.shared import Lister, ListingProofs, SharedListings
 from tiercache.metrics import publish
 from tiercache.prefetch.engine import PrefetchEngine
 from tiercache.read.path import ReadPath
@@ -113,11 +113,18 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
         dir_mode=tier.dir_mode,
         lock_timeout=config.lock_timeout,
     )
-    shared_listings = (
-        None
-        if shared is None
-        else SharedListings(shared, store.namespace, metadata.freshness, config.lock_timeout)
-    )
+    shared_listings = None
+    if shared is not None:
+        # Group-readable listings another user kept are served once the store let this
+        # process's own credentials list the same prefix (``shared_auth``), as bytes are.
+        proofs = (
+            ListingProofs(store, config.ttl, metadata.now)
+            if config.shared_auth_mode == "store"
+            else None
+        )
+        shared_listings = SharedListings(
+            shared, store.namespace, metadata.freshness, config.lock_timeout, proofs
+        )
     if shared_listings is not None:
         metadata.also_invalidate = shared_listings.invalidate
         # This host's own upload changes the listings the other hosts read (its own ls merged

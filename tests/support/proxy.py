@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import TYPE_CHECKING, BinaryIO, TypedDict
 from urllib.parse import urlsplit
@@ -31,7 +33,7 @@ class Match(TypedDict, total=False):
 
 @dataclass
 class _Rule:
-    kind: str  # "fail" | "reset" | "truncate"
+    kind: str  # "fail" | "reset" | "truncate" | "hold"
     left: int  # requests it still applies to
     method: str | None = None
     path_contains: str | None = None  # matched against the request target, query included
@@ -41,6 +43,9 @@ class _Rule:
     after_bytes: int = 0
     hold: float = 0.0  # truncate: seconds of silence before the connection closes
     forward: bool = False  # reset: the store gets the request, the client loses the answer
+    on_hold: Callable[[], None] | None = None  # hold: called once the request is held
+    release: threading.Event = field(default_factory=threading.Event)  # hold: forward it now
+    answered: threading.Event = field(default_factory=threading.Event)  # hold: store answered
 
 
 def _matches(method: str, target: str, want: str | None, path_contains: str | None) -> bool:
@@ -171,6 +176,17 @@ class FaultProxy(ConnectionServer):
         ``hold`` seconds (a stalled transfer), then close the connection."""
         self._add(_Rule("truncate", n, after_bytes=after_bytes, hold=hold, **match))
 
+    def hold_next(
+        self, n: int, on_hold: Callable[[], None], **match: Unpack[Match]
+    ) -> tuple[threading.Event, threading.Event]:
+        """Take the whole request from the client, call ``on_hold`` (say, stop the client's
+        process), and keep the request until the first event returned is set: then it goes to
+        the store, as a request delayed on the wire would, and the second event is set once
+        the store's answer was relayed."""
+        rule = _Rule("hold", n, on_hold=on_hold, **match)
+        self._add(rule)
+        return rule.release, rule.answered
+
     def delay(self, seconds: float) -> None:
         """Wait this long before handling each request."""
         self._delay = seconds
@@ -230,20 +246,35 @@ class FaultProxy(ConnectionServer):
             sock.sendall(_error_response(method, target, rule.status, rule.code, expect))
             return not expect  # a client told to stop before its body: do not reuse
         truncating = rule if rule is not None and rule.kind == "truncate" else None
+        held_body: bytes | None = None
+        if rule is not None and rule.kind == "hold":
+            held_body = self._hold(sock, rfile, headers, expect, rule)
         with socket.create_connection(self._upstream, timeout=self._timeout) as up:
             upfile = up.makefile("rb")
             try:
-                up.sendall(head)
-                if not expect:
+                if held_body is not None:  # sent whole, as the client sent it to us
+                    lines = head.split(b"\r\n")
+                    up.sendall(
+                        b"\r\n".join(x for x in lines if not x.lower().startswith(b"expect:"))
+                    )
+                    up.sendall(held_body)
+                    expect = False
+                else:
+                    up.sendall(head)
+                if not expect and held_body is None:
                     _copy_body(rfile, headers, up)
                 while True:  # interim 1xx answers (100 Continue), then the final one
                     resp_head, status_line, resp_headers = _read_head(upfile)
                     status = int(status_line.split(" ")[1])
                     if status >= 200:
                         break
-                    sock.sendall(resp_head)
+                    if held_body is None:  # the client of a held request had its 100 already
+                        sock.sendall(resp_head)
                     if status == 100 and expect:
-                        _copy_body(rfile, headers, up)
+                        if held_body is not None:
+                            up.sendall(held_body)
+                        else:
+                            _copy_body(rfile, headers, up)
                         expect = False
                 has_body = method != "HEAD" and status not in (204, 304)
                 if rule is not None and rule.kind == "reset":  # forwarded: lose the answer
@@ -260,4 +291,22 @@ class FaultProxy(ConnectionServer):
         if truncating is not None:
             self._stop.wait(truncating.hold)
             return False
+        if rule is not None and rule.kind == "hold":
+            rule.answered.set()
         return not expect and resp_headers.get("connection", "").lower() != "close"
+
+    def _hold(
+        self, sock: socket.socket, rfile: BinaryIO, headers: Headers, expect: bool, rule: _Rule
+    ) -> bytes:
+        """Read a held request whole (answering ``100 Continue`` for it), then wait for its
+        release; returns its body. One that waited for ``100 Continue`` goes to the store the
+        same way (a store that refuses the request answers without reading it)."""
+        if expect:
+            sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+        body = _copy_body(rfile, headers, None)
+        assert rule.on_hold is not None
+        rule.on_hold()
+        while not rule.release.wait(0.1):
+            if self._stop.is_set():
+                raise EOFError("proxy stopped while holding a request")
+        return body

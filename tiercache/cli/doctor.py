@@ -31,7 +31,10 @@ examples:
   tiercache doctor s3://datasets --local-dir /nvme/tiercache --json
 
 Prints one line per check, OK or FAIL with what to fix; exits 1 if any check fails.
-Given a URL, the store check is a HEAD of its bucket; otherwise a ListBuckets.
+Given a URL, the store check is a HEAD of its bucket; otherwise a ListBuckets. Given a
+URL, --probe-writes also finds out whether the store honours conditional writes (uploads
+are then fenced against a paused host): it writes, then deletes, a scratch object named
+.tiercache-probe-* beside the URL's key.
 """
 
 
@@ -47,6 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("url", nargs="?", metavar="URL", help="s3://BUCKET to check access to")
+    parser.add_argument(
+        "--probe-writes",
+        action="store_true",
+        help="with a URL: find out whether the store honours conditional writes (writes and "
+        "deletes a scratch object)",
+    )
     add_tier_flags(parser)
     add_store_flags(parser)
     add_json_flag(parser)
@@ -66,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
     if config is not None:
         checks.extend(_tier_checks(config))
         checks.append(_store_check(args))
+        if args.url and args.probe_writes:
+            checks.append(_conditional_writes_check(args))
     checks.extend(_fuse_checks())
     failed = [c for c in checks if not c.ok]
     if args.json:
@@ -152,6 +163,23 @@ def _store_check(args: argparse.Namespace) -> Check:
         return Check(
             "store", False, str(exc), "check --endpoint-url / AWS_ENDPOINT_URL and the network"
         )
+
+
+def _conditional_writes_check(args: argparse.Namespace) -> Check:
+    bucket, key = parse_url(args.url)
+    try:
+        fs = filesystem_from_args(args, retries=1, connect_timeout=5, read_timeout=10)
+        honoured = fs.store.probe_conditional_writes(bucket, key)
+    except (TierCacheError, OSError) as exc:
+        return Check("conditional writes", False, str(exc), "check write access to the bucket")
+    if honoured:
+        return Check("conditional writes", True, "honoured: uploads are fenced by the store")
+    return Check(
+        "conditional writes",
+        True,
+        "not honoured: uploads are fenced by their claim alone (a request on the wire from a "
+        "host paused past its lease can still land; see the shared-tier guide)",
+    )
 
 
 def _fuse_checks() -> list[Check]:

@@ -111,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
                 "with that --endpoint-url",
                 fs,
             )
+    since = time.time() - (time.monotonic() - started)
+    superseded = [n for fs in journals for n in fs.superseded() if n["at"] >= since]
     summary = {
         "local_dir": journals[0].config.local_dir,
         "shared_dir": journals[0].config.shared_dir,
@@ -119,13 +121,19 @@ def run(args: argparse.Namespace) -> int:
         "seconds": round(time.monotonic() - started, 3),
         "repaired": [name for r in repairs for name in r["repaired"]],
         "leftovers_removed": sum(r["leftovers_removed"] for r in repairs),
+        "superseded": superseded,
     }
     if args.json:
         print_json(summary)
-    else:
+        return 0
+    print(
+        f"uploaded {summary['uploaded'] - len(superseded)} object(s), "
+        f"{human_bytes(summary['bytes'])} in {summary['seconds']:.1f} s; nothing pending"
+    )
+    for note in superseded:
         print(
-            f"uploaded {summary['uploaded']} object(s), {human_bytes(summary['bytes'])} "
-            f"in {summary['seconds']:.1f} s; nothing pending"
+            f"  superseded, not sent: {note['name']} (written by {note['host'] or '?'}): "
+            f"{note['why']}"
         )
     return 0
 

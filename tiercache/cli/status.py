@@ -49,9 +49,12 @@ def run(args: argparse.Namespace) -> int:
     tier = LocalTier(config.local_dir, config.local_max_bytes, config.file_mode, config.dir_mode)
     shared = shared_tier_of(config)
     pending: list[dict[str, Any]] = []
+    superseded: list[dict[str, Any]] = []
     for staging in (tier, shared):
         if staging is not None:
-            pending += _pending_rows(WriteState(staging, config.lock_timeout))
+            journal = WriteState(staging, config.lock_timeout)
+            pending += _pending_rows(journal)
+            superseded += journal.superseded_notes()
     report: dict[str, Any] = {
         "local_dir": tier.root,
         "local_usage_bytes": tier.usage(fresh=True),
@@ -60,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         "pending_bytes": sum(p["size"] for p in pending),
         "failed_uploads": sum(p["state"] != "dirty" for p in pending),
         "pending": pending,
+        "superseded": superseded,
         "mounts": [m.to_json() for m in mounts],
         "tier_of_mounts": [m.mountpoint for m in mounts if m.local_dir == tier.root],
     }
@@ -85,6 +89,13 @@ def run(args: argparse.Namespace) -> int:
         )
     if report["failed_uploads"]:
         print(f"  FAILED    {report['failed_uploads']} upload(s) need you: see below")
+    if superseded:
+        print(
+            f"  superseded {len(superseded)} version(s) in the last week were never uploaded: "
+            "the store held a newer one (not an error)"
+        )
+        for note in superseded:
+            print(f"    {note['name']}  written by {note['host'] or '?'}: {note['why']}")
     for row in pending:
         what = "waiting" if row["state"] == "dirty" else row["state"].upper()
         line = (

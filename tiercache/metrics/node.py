@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
 from tiercache.config import TierCacheConfig
-from tiercache.metrics.files import live_processes, metrics_dir, node_counters
-from tiercache.tiers.local import LocalTier
+from tiercache.metrics.files import DIRNAME, live_processes, node_counters
+from tiercache.tiers.local import LocalTier, make_tier_dir
 from tiercache.tiers.shared import shared_tier_of
 from tiercache.write.state import WriteState
 
@@ -60,8 +59,7 @@ class NodeReader:
         self.journals = [WriteState(self.tier, config.lock_timeout)]
         if self.shared is not None:
             self.journals.append(WriteState(self.shared, config.lock_timeout))
-        self.directory = metrics_dir(self.tier.root)
-        os.makedirs(self.directory, mode=self.tier.dir_mode, exist_ok=True)
+        self.directory = make_tier_dir(self.tier.root, DIRNAME, self.tier.dir_mode)
 
     def counters(self) -> dict[str, float]:
         """The node's counters: every process that used the tier, living or exited."""

@@ -11,7 +11,6 @@ them into the tier's total. A forked child publishes under its own id.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import os
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from tiercache import forksafe
 from tiercache.metrics.files import (
+    DIRNAME,
     fold_if_free,
     hold_alive,
     metrics_dir,
@@ -30,6 +30,7 @@ from tiercache.metrics.files import (
     write_process_counters,
 )
 from tiercache.stats import at_exit
+from tiercache.tiers.local import make_tier_dir
 
 if TYPE_CHECKING:
     from tiercache.stats import Stats
@@ -177,8 +178,8 @@ class Publisher:
         pid = outlet.process_id
         try:
             if outlet.alive_fd is None:
-                with contextlib.suppress(FileExistsError):  # never makes a removed tier again
-                    os.mkdir(outlet.directory, outlet.dir_mode)
+                # Never makes a removed tier again, nor writes through a planted link.
+                make_tier_dir(outlet.root, DIRNAME, outlet.dir_mode)
                 outlet.alive_fd = hold_alive(outlet.directory, pid, outlet.file_mode)
                 fold_if_free(outlet.directory, outlet.file_mode)  # keeps the directory bounded
             write_process_counters(outlet.directory, pid, counters, outlet.file_mode)

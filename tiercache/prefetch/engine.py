@@ -7,8 +7,10 @@ window: a later object never takes the room an earlier one needs, so prefetch ne
 what will be read sooner than what it brings. A prefetched object stays *pinned* until a
 reader opens it: the engine holds a shared ``flock`` on its data file, exactly as an open
 reader does, so eviction in any process on the node leaves it alone. Pins count against the
-window (``prefetch_window_bytes``), which bounds what prefetch protects. Fetching goes
-through ``ReadPath.warm``: a read of an object being prefetched joins the same fetch.
+window (``prefetch_window_bytes``), which bounds what prefetch protects: one window for the
+node's processes together, counted in the tier's ledger (``tiers/ledger.py``), as the tier's
+budget is one. Fetching goes through ``ReadPath.warm``: a read of an object being prefetched
+joins the same fetch.
 
 Read-ahead orders rank the tier's eviction by next use (``next_use``): as items leave the
 queue in order and are pinned as they go, what eviction takes for an object of an order is
@@ -52,6 +54,9 @@ __all__ = ["MAX_PREFETCH_WORKERS", "Budget", "PrefetchEngine", "Target"]
 # A worker with nothing to do for this long exits (a new request starts it again), so an
 # unused filesystem leaves no threads behind.
 _IDLE_EXIT_SECONDS = 5.0
+# A worker whose next object waits for window that other processes hold looks again this
+# often: their readers free it, and nobody here is told.
+_NODE_WINDOW_POLL_SECONDS = 0.05
 # Prefetched objects released unread (cancel, close) are remembered, up to this many, to
 # count the ones evicted before a reader came (``prefetch_wasted``).
 _UNUSED_RECORDS = 4096
@@ -79,7 +84,7 @@ class PrefetchEngine:
         self._read_path = read_path
         self._tier = tier
         self._stats = stats
-        self.window = Budget(config.prefetch_window)
+        self.window = Budget(config.prefetch_window, node=tier.ledger)
         self.next_use = NextUse(tier.root, stats, tier.file_mode, tier.dir_mode)
         tier.next_use = self.next_use
         self._reset()
@@ -106,7 +111,8 @@ class PrefetchEngine:
         self._settling = 0  # threads in ``wait_settled``
         self._sizes_seen = 0
         self._typical_size = 0  # mean size of the objects whose size was learnt
-        self.window.used = 0
+        self._window_elsewhere = False  # the next item waits for other processes' window
+        self.window.used = 0  # the ledger forgets the parent's too (``NodeLedger.after_fork``)
 
     def after_fork(self) -> None:
         """The child shares the parent's pin descriptors (and so their locks): drop them."""
@@ -350,7 +356,10 @@ class PrefetchEngine:
             with self._cond:
                 item = self._take()
                 while item is None:
-                    woken = self._work_ready.wait(_IDLE_EXIT_SECONDS)
+                    idle = (
+                        _NODE_WINDOW_POLL_SECONDS if self._window_elsewhere else _IDLE_EXIT_SECONDS
+                    )
+                    woken = self._work_ready.wait(idle)
                     item = self._take()
                     if item is None and not woken and not self._heap:
                         self._running_threads -= 1
@@ -383,10 +392,14 @@ class PrefetchEngine:
                 self._drop(item, SKIPPED, _NO_ROOM)
                 continue
             if not all(b.fits(size) for b in item.budgets if not b.sticky):
-                return None  # wait for readers to free room: never overtake this item
+                # Wait for readers to free room: never overtake this item. Another process's
+                # reader frees its share without a word to this one: look again shortly.
+                self._window_elsewhere = self.window.elsewhere() > 0
+                return None
+            self._window_elsewhere = False
             heapq.heappop(self._heap)
             for budget in item.budgets:
-                budget.used += size
+                budget.charge(size)
             item.charged = size
             item.state = "running"
             return item
@@ -411,7 +424,7 @@ class PrefetchEngine:
             self._typical_size += (size - self._typical_size) // self._sizes_seen
         if item.charged and item.charged != size:
             for budget in item.budgets:
-                budget.used += size - item.charged
+                budget.charge(size - item.charged)
             item.charged = size
 
     def _fetch(self, item: Item) -> None:
@@ -587,7 +600,7 @@ class PrefetchEngine:
     def _uncharge(self, item: Item) -> None:
         for budget in item.budgets:
             if not budget.sticky:
-                budget.used -= item.charged
+                budget.charge(-item.charged)
         item.charged = 0
 
     def _count_used(self, size: int) -> None:

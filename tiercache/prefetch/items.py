@@ -23,17 +23,36 @@ class OrderListener(Protocol):
     def cursor(self) -> int: ...
 
 
+class WindowShare(Protocol):
+    """Where the node's processes count the bytes their prefetch holds (``tiers/ledger.py``)."""
+
+    def hold_window(self, nbytes: int) -> None: ...
+    def window_elsewhere(self) -> int: ...
+
+
 @dataclass
 class Budget:
     """Bytes a set of items may hold at once. A sticky budget is never given back: items that
-    do not fit are skipped instead of waiting (a request with no reader to free room)."""
+    do not fit are skipped instead of waiting (a request with no reader to free room). With
+    ``node``, the limit is one for the node's processes together (the prefetch window)."""
 
     limit: int
-    used: int = 0
+    used: int = 0  # by this process
     sticky: bool = False
+    node: WindowShare | None = None
 
     def fits(self, nbytes: int) -> bool:
-        return self.used + nbytes <= self.limit
+        return self.used + self.elsewhere() + nbytes <= self.limit
+
+    def elsewhere(self) -> int:
+        """Bytes the node's other processes hold against the limit."""
+        return 0 if self.node is None else self.node.window_elsewhere()
+
+    def charge(self, nbytes: int) -> None:
+        """Hold ``nbytes`` more (fewer, if negative); the node is told (memory only)."""
+        self.used += nbytes
+        if self.node is not None:
+            self.node.hold_window(self.used)
 
 
 @dataclass(eq=False)

@@ -223,9 +223,13 @@ class BlockFetcher:
         try:
             data = self._get(src, entry, start, end)
             entry.write_block(index, data, xxhash.xxh3_64_hexdigest(data))
-            self._verifier.trust(self._trust_key(entry, index))  # hashed as it arrived
-        finally:
+        except BaseException:
             self._tier.release(end - start)
+            raise
+        # Written: counted as the tier's (by every process) in the step that ends the
+        # reservation, not only once a scan finds the block.
+        self._tier.count_published(end - start, reserved=end - start)
+        self._verifier.trust(self._trust_key(entry, index))  # hashed as it arrived
         self._stats.add("blocks_fetched")
         self._stats.add("bytes_fetched", end - start)
 

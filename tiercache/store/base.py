@@ -33,6 +33,31 @@ class ListEntry:
     last_modified: float | None = None
 
 
+@dataclass(frozen=True)
+class WriteCondition:
+    """The state the store must hold for a write to apply (S3's conditional writes): the
+    object whose ETag is ``etag`` (``If-Match``), or, with ``etag`` None, no object at all
+    (``If-None-Match: *``). A store that holds anything else answers 412, and
+    ``ObjectChangedError`` is raised."""
+
+    etag: str | None
+
+
+class WriteFence(Protocol):
+    """What a writer that can lose its right to write (an upload claim another host may take
+    over) is asked before every request of its write: each attempt, each part, the
+    completion."""
+
+    def check(self) -> None:
+        """Raise if the write may no longer be sent (the claim was taken over)."""
+        ...
+
+    def condition(self) -> WriteCondition | None:
+        """The store state the write was made against; None: write unconditionally (a store
+        without conditional writes). May wait for the answer of a request under way."""
+        ...
+
+
 class ObjectStream(Protocol):
     """The body of a (ranged) GET, read in chunks; ``info`` describes the whole object."""
 
@@ -76,10 +101,20 @@ class ObjectStore(Protocol):
         """Open bytes ``[start, end)`` (``end=None``: to the end); ``if_match`` pins the ETag."""
         ...
 
+    def user_metadata(self, bucket: str, key: str) -> tuple[ObjectInfo, dict[str, str]]:
+        """The object's info and its user metadata (``x-amz-meta-*``, without the prefix)."""
+        ...
+
     def put_bytes(
-        self, bucket: str, key: str, data: bytes, metadata: Mapping[str, str] | None = None
+        self,
+        bucket: str,
+        key: str,
+        data: bytes,
+        metadata: Mapping[str, str] | None = None,
+        fence: WriteFence | None = None,
     ) -> ObjectInfo:
-        """Store ``data`` as one object."""
+        """Store ``data`` as one object; with a ``fence``, checked before each attempt and
+        sent on its condition where the store honours conditional writes."""
         ...
 
     def upload_file(
@@ -89,12 +124,25 @@ class ObjectStore(Protocol):
         path: str,
         metadata: Mapping[str, str] | None = None,
         on_multipart: Callable[[str], None] | None = None,
+        fence: WriteFence | None = None,
     ) -> ObjectInfo:
         """Upload a local file, in parallel multipart parts when it is large.
 
         ``on_multipart`` gets the upload id as soon as a multipart upload is created, so a
-        caller can abort it later if this process dies before it completes.
+        caller can abort it later if this process dies before it completes. A ``fence`` is
+        checked before every request (each attempt, each part, the completion), and its
+        condition goes with the request that makes the object (PUT or completion).
         """
+        ...
+
+    def conditional_writes(self, bucket: str, near_key: str = "") -> bool:
+        """Whether writes in ``bucket`` are sent with their condition: False once the store
+        refused the headers (or a probe found them ignored)."""
+        ...
+
+    def probe_conditional_writes(self, bucket: str, near_key: str = "") -> bool:
+        """Whether the store refuses a PUT and a completion whose ``If-Match`` or
+        ``If-None-Match`` fails, tried with a scratch object beside ``near_key``."""
         ...
 
     def abort_multipart(self, bucket: str, key: str, upload_id: str) -> None:
@@ -117,9 +165,12 @@ class ObjectStore(Protocol):
         key: str,
         metadata: Mapping[str, str] | None = None,
         on_created: Callable[[str], None] | None = None,
+        fence: WriteFence | None = None,
     ) -> MultipartUpload:
         """A multipart upload whose parts the caller adds as their bytes become available;
-        created in the store with its first part (``on_created`` gets its id first)."""
+        created in the store with its first part (``on_created`` gets its id first). A
+        ``fence`` is checked before each part and the completion (or given to
+        ``MultipartUpload.complete``)."""
         ...
 
     def list_objects(

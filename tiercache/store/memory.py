@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from tiercache.errors import ObjectChangedError, ObjectNotFoundError
-from tiercache.store.base import ListEntry, ObjectInfo
+from tiercache.store.base import ListEntry, ObjectInfo, WriteCondition, WriteFence
 from tiercache.store.multipart import PartGovernor, PartSender, SendsParts
 
 
@@ -57,6 +57,8 @@ class MemoryStore(SendsParts):
         self._uploads: dict[str, tuple[str, str, dict[str, str], dict[int, bytes]]] = {}
         self._sender = PartSender(PartGovernor(2))
         self.part_size = 5 * 1024 * 1024
+        # Whether conditional writes are honoured (tests turn it off for a store without).
+        self.conditional = True
 
     @property
     def namespace(self) -> str:
@@ -101,14 +103,49 @@ class MemoryStore(SendsParts):
         stop = len(obj.data) if end is None else min(end, len(obj.data))
         return MemoryStream(info, obj.data, start, stop)
 
+    def user_metadata(self, bucket: str, key: str) -> tuple[ObjectInfo, dict[str, str]]:
+        self._count("HeadObject")
+        obj = self._get(bucket, key)
+        info = ObjectInfo(bucket, key, len(obj.data), obj.etag, obj.modified)
+        return info, dict(obj.metadata)
+
+    def conditional_writes(self, bucket: str, near_key: str = "") -> bool:
+        return self.conditional
+
+    def probe_conditional_writes(self, bucket: str, near_key: str = "") -> bool:
+        return self.conditional
+
     def put_bytes(
-        self, bucket: str, key: str, data: bytes, metadata: Mapping[str, str] | None = None
+        self,
+        bucket: str,
+        key: str,
+        data: bytes,
+        metadata: Mapping[str, str] | None = None,
+        fence: WriteFence | None = None,
+    ) -> ObjectInfo:
+        condition = fence.condition() if fence is not None else None
+        if fence is not None:
+            fence.check()
+        return self._put(bucket, key, data, metadata, condition)
+
+    def _put(
+        self,
+        bucket: str,
+        key: str,
+        data: bytes,
+        metadata: Mapping[str, str] | None,
+        condition: WriteCondition | None,
     ) -> ObjectInfo:
         self._count("PutObject")
         etag = '"' + hashlib.md5(data).hexdigest() + '"'
         obj = _Object(bytes(data), etag, time.time(), dict(metadata or {}))
         with self._lock:
-            self._bucket(bucket)[key] = obj
+            objects = self._bucket(bucket)
+            if condition is not None and self.conditional:
+                held = objects.get(key)
+                if (held.etag if held is not None else None) != condition.etag:
+                    raise ObjectChangedError(f"memory://{bucket}/{key}: precondition failed")
+            objects[key] = obj
         return ObjectInfo(bucket, key, len(data), etag, obj.modified)
 
     def upload_file(
@@ -118,9 +155,10 @@ class MemoryStore(SendsParts):
         path: str,
         metadata: Mapping[str, str] | None = None,
         on_multipart: Callable[[str], None] | None = None,
+        fence: WriteFence | None = None,
     ) -> ObjectInfo:
         with open(path, "rb") as f:
-            return self.put_bytes(bucket, key, f.read(), metadata)
+            return self.put_bytes(bucket, key, f.read(), metadata, fence)
 
     def abort_multipart(self, bucket: str, key: str, upload_id: str) -> None:
         self._count("AbortMultipartUpload")
@@ -144,7 +182,13 @@ class MemoryStore(SendsParts):
         return '"' + hashlib.md5(data).hexdigest() + '"'
 
     def complete_multipart(
-        self, bucket: str, key: str, upload_id: str, etags: list[tuple[int, str]], size: int
+        self,
+        bucket: str,
+        key: str,
+        upload_id: str,
+        etags: list[tuple[int, str]],
+        size: int,
+        condition: WriteCondition | None = None,
     ) -> ObjectInfo:
         self._count("CompleteMultipartUpload")
         with self._lock:
@@ -153,7 +197,7 @@ class MemoryStore(SendsParts):
             raise ObjectNotFoundError(f"no such upload {upload_id}")
         parts = upload[3]
         data = b"".join(parts[number] for number, _ in etags)
-        return self.put_bytes(bucket, key, data, upload[2])
+        return self._put(bucket, key, data, upload[2], condition)
 
     def open_multipart_uploads(self) -> int:
         """Multipart uploads created and neither completed nor aborted (for tests)."""

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol, cast
 
 from tiercache import forksafe
-from tiercache.store.base import ObjectInfo
+from tiercache.store.base import ObjectInfo, WriteCondition, WriteFence
 
 _MEASURED = 1024 * 1024  # parts smaller than this (a file's tail) say little about the link
 # S3 numbers the parts of an upload from 1 to 10,000; a larger object needs larger parts.
@@ -60,7 +60,13 @@ class PartRequests(Protocol):
         ...
 
     def complete_multipart(
-        self, bucket: str, key: str, upload_id: str, etags: list[tuple[int, str]], size: int
+        self,
+        bucket: str,
+        key: str,
+        upload_id: str,
+        etags: list[tuple[int, str]],
+        size: int,
+        condition: WriteCondition | None = None,
     ) -> ObjectInfo:
         """Make the parts, in number order, the object."""
         ...
@@ -194,7 +200,9 @@ class MultipartUpload:
 
     ``on_created`` gets the upload id before any part is sent, so the caller can journal it
     and abort the upload if this process dies. A part that fails fails the whole upload:
-    ``complete`` raises its error (after aborting) and later parts are not sent.
+    ``complete`` raises its error (after aborting) and later parts are not sent. A ``fence``
+    (given at the start, or by ``fence_with`` before the parts that need it) is checked before
+    each part and before the completion, which carries its condition.
     """
 
     def __init__(
@@ -205,8 +213,10 @@ class MultipartUpload:
         key: str,
         metadata: Mapping[str, str] | None = None,
         on_created: Callable[[str], None] | None = None,
+        fence: WriteFence | None = None,
     ) -> None:
         self.bucket = bucket
+        self._fence = fence
         self.key = key
         self._requests = requests
         self._sender = sender
@@ -222,6 +232,10 @@ class MultipartUpload:
         self._creating = False  # a part was added: the upload is created early or by it
         self._aborted = False
         self.error: BaseException | None = None
+
+    def fence_with(self, fence: WriteFence) -> None:
+        """Check ``fence`` before every part sent from now on and before the completion."""
+        self._fence = fence
 
     def add_part(self, number: int, read: Callable[[], bytes]) -> None:
         """Send part ``number`` (from 1) with the bytes ``read()`` returns when its turn comes."""
@@ -251,6 +265,8 @@ class MultipartUpload:
                 self._sending += 1
             try:
                 upload_id = self._created()
+                if self._fence is not None:
+                    self._fence.check()
                 data = read()
                 start = time.perf_counter()
                 etag = self._requests.send_part(self.bucket, self.key, upload_id, number, data)
@@ -305,7 +321,13 @@ class MultipartUpload:
             with self._lock:
                 etags = sorted(self._etags.items())
                 size = sum(self._sizes.values())
-            return self._requests.complete_multipart(self.bucket, self.key, upload_id, etags, size)
+            condition = None
+            if self._fence is not None:
+                condition = self._fence.condition()
+                self._fence.check()  # after the condition's answer: the last look before
+            return self._requests.complete_multipart(
+                self.bucket, self.key, upload_id, etags, size, condition
+            )
         except BaseException:
             self.abort()
             raise
@@ -338,7 +360,8 @@ class SendsParts:
         key: str,
         metadata: Mapping[str, str] | None = None,
         on_created: Callable[[str], None] | None = None,
+        fence: WriteFence | None = None,
     ) -> MultipartUpload:
         """A multipart upload of ``bucket/key``, created when its first part is sent."""
         requests = cast(PartRequests, self)
-        return MultipartUpload(requests, self._sender, bucket, key, metadata, on_created)
+        return MultipartUpload(requests, self._sender, bucket, key, metadata, on_created, fence)

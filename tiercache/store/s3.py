@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import email.utils
+import logging
 import os
 import threading
 from collections import Counter
@@ -19,8 +20,15 @@ import botocore.utils
 from botocore import UNSIGNED
 
 from tiercache import forksafe
-from tiercache.errors import AccessDeniedError, ObjectChangedError, StoreError
-from tiercache.store.base import ListEntry, ObjectInfo
+from tiercache.errors import (
+    AccessDeniedError,
+    NotImplementedByStoreError,
+    ObjectChangedError,
+    StoreError,
+    TierCacheError,
+)
+from tiercache.store.base import ListEntry, ObjectInfo, WriteCondition, WriteFence
+from tiercache.store.conditional import condition_arguments, probe_conditional_writes
 from tiercache.store.endpoint import AWS_NAMESPACE, canonical_endpoint, configured_endpoint
 from tiercache.store.http_get import GetReply
 from tiercache.store.multipart import PartGovernor, PartSender, SendsParts, part_size_for
@@ -32,6 +40,7 @@ from tiercache.store.signed_get import SignedGet, StoreRefusedError, reply_field
 __all__ = ["S3Options", "S3Store", "S3Stream"]
 
 T = TypeVar("T")
+log = logging.getLogger("tiercache.store")
 
 _STREAM_CHUNK = 1024 * 1024
 
@@ -128,6 +137,11 @@ class S3Store(SendsParts):
         self._counts: Counter[str] = Counter()
         self._errors: Counter[str] = Counter()
         self._counts_lock = threading.Lock()
+        # Whether the store honours conditional writes, by bucket (False once it refused them,
+        # or as probed): a property of the server, so a forked child keeps what its parent
+        # found.
+        self._conditional: dict[str, bool] = {}
+        self._conditional_lock = threading.Lock()
         forksafe.register(self)
 
     def after_fork(self) -> None:
@@ -137,6 +151,7 @@ class S3Store(SendsParts):
         self._counts = Counter()
         self._errors = Counter()
         self._counts_lock = threading.Lock()
+        self._conditional_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"S3Store(endpoint={self.namespace!r}, region={self.options.region!r})"
@@ -193,10 +208,20 @@ class S3Store(SendsParts):
         _parse_timestamps_quickly(client)
         return client
 
-    def _call(self, op: str, bucket: str, key: str, request: Callable[[Any], T]) -> T:
-        """Run one request under the retry policy, translating errors to tiercache's."""
+    def _call(
+        self,
+        op: str,
+        bucket: str,
+        key: str,
+        request: Callable[[Any], T],
+        fence: WriteFence | None = None,
+    ) -> T:
+        """Run one request under the retry policy, translating errors to tiercache's; a
+        ``fence`` is checked before every attempt (a retry is a new request on the wire)."""
 
         def attempt() -> T:
+            if fence is not None:
+                fence.check()
             with self._counts_lock:
                 self._counts[op] += 1
             try:
@@ -318,16 +343,39 @@ class S3Store(SendsParts):
     # -- writes ------------------------------------------------------------------------------
 
     def put_bytes(
-        self, bucket: str, key: str, data: bytes, metadata: Mapping[str, str] | None = None
+        self,
+        bucket: str,
+        key: str,
+        data: bytes,
+        metadata: Mapping[str, str] | None = None,
+        fence: WriteFence | None = None,
     ) -> ObjectInfo:
-        resp = self._call(
-            "PutObject",
-            bucket,
-            key,
-            lambda c: c.put_object(
-                Bucket=bucket, Key=key, Body=data, Metadata=dict(metadata or {})
-            ),
-        )
+        condition = fence.condition() if fence is not None else None
+        if not self.conditional_writes(bucket):
+            condition = None
+
+        def put(condition: WriteCondition | None) -> Any:
+            return self._call(
+                "PutObject",
+                bucket,
+                key,
+                lambda c: c.put_object(
+                    Bucket=bucket,
+                    Key=key,
+                    Body=data,
+                    Metadata=dict(metadata or {}),
+                    **condition_arguments(condition),
+                ),
+                fence,
+            )
+
+        try:
+            resp = put(condition)
+        except NotImplementedByStoreError:
+            if condition is None:
+                raise
+            self._conditions_refused(bucket)
+            resp = put(None)
         return _info(bucket, key, len(data), resp)
 
     def upload_file(
@@ -337,12 +385,13 @@ class S3Store(SendsParts):
         path: str,
         metadata: Mapping[str, str] | None = None,
         on_multipart: Callable[[str], None] | None = None,
+        fence: WriteFence | None = None,
     ) -> ObjectInfo:
         size = os.path.getsize(path)
         if size <= self._part_size:
             with open(path, "rb") as f:
-                return self.put_bytes(bucket, key, f.read(), metadata)
-        upload = self.start_multipart(bucket, key, metadata, on_multipart)
+                return self.put_bytes(bucket, key, f.read(), metadata, fence)
+        upload = self.start_multipart(bucket, key, metadata, on_multipart, fence)
         part_size = part_size_for(size, self._part_size)
         try:
             for number, offset in enumerate(range(0, size, part_size), start=1):
@@ -377,18 +426,76 @@ class S3Store(SendsParts):
         return str(resp["ETag"])
 
     def complete_multipart(
-        self, bucket: str, key: str, upload_id: str, etags: list[tuple[int, str]], size: int
+        self,
+        bucket: str,
+        key: str,
+        upload_id: str,
+        etags: list[tuple[int, str]],
+        size: int,
+        condition: WriteCondition | None = None,
     ) -> ObjectInfo:
         parts = [{"PartNumber": number, "ETag": etag} for number, etag in etags]
-        resp = self._call(
-            "CompleteMultipartUpload",
-            bucket,
-            key,
-            lambda c: c.complete_multipart_upload(
-                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
-            ),
-        )
+        if not self.conditional_writes(bucket):
+            condition = None
+
+        def complete(condition: WriteCondition | None) -> Any:
+            return self._call(
+                "CompleteMultipartUpload",
+                bucket,
+                key,
+                lambda c: c.complete_multipart_upload(
+                    Bucket=bucket,
+                    Key=key,
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": parts},
+                    **condition_arguments(condition),
+                ),
+            )
+
+        try:
+            resp = complete(condition)
+        except NotImplementedByStoreError:
+            if condition is None:
+                raise
+            self._conditions_refused(bucket)
+            resp = complete(None)
         return _info(bucket, key, size, resp)
+
+    def conditional_writes(self, bucket: str, near_key: str = "") -> bool:
+        """False once the store refused the conditional headers of a write in ``bucket``
+        (501); until then writes are sent with their condition. A store that ignores the
+        headers cannot be told from one that honours them by a write that succeeds:
+        ``probe_conditional_writes`` (``tiercache doctor``) finds that out."""
+        with self._conditional_lock:
+            return self._conditional.get(bucket, True)
+
+    def probe_conditional_writes(self, bucket: str, near_key: str = "") -> bool:
+        """Whether the store refuses a PUT and a completion whose condition fails, tried with
+        a scratch object beside ``near_key`` (``store/conditional.py``); remembered."""
+
+        def call(request: Callable[[Any], Any]) -> Any:
+            return self._call("ProbeConditionalWrites", bucket, near_key, request)
+
+        try:
+            honoured = probe_conditional_writes(call, bucket, near_key)
+        except TierCacheError as exc:
+            log.info("s3://%s: conditional writes not usable (%s)", bucket, exc)
+            honoured = False
+        with self._conditional_lock:
+            self._conditional[bucket] = honoured
+        return honoured
+
+    def _conditions_refused(self, bucket: str) -> None:
+        with self._conditional_lock:
+            known = self._conditional.get(bucket)
+            self._conditional[bucket] = False
+        if known is not False:
+            log.warning(
+                "%s, bucket %s: the store refuses conditional writes; uploads are fenced by "
+                "their claim alone",
+                self.endpoint,
+                bucket,
+            )
 
     def abort_multipart(self, bucket: str, key: str, upload_id: str) -> None:
         try:

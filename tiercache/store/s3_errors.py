@@ -9,6 +9,7 @@ import botocore.exceptions
 
 from tiercache.errors import (
     AccessDeniedError,
+    NotImplementedByStoreError,
     ObjectChangedError,
     ObjectNotFoundError,
     StoreError,
@@ -30,6 +31,8 @@ _DENIED = {
     "TokenRefreshRequired",
 }
 _CHANGED = {"PreconditionFailed", "412"}
+_NOT_IMPLEMENTED = {"NotImplemented", "501"}
+_WRITES = {"PutObject", "CompleteMultipartUpload"}
 _RETRYABLE = {
     "SlowDown",
     "Throttling",
@@ -77,8 +80,15 @@ def translate_client_error(
         return ObjectNotFoundError(2, f"{op}: no such {kind}{at}", where)
     if code in _DENIED:
         return AccessDeniedError(13, f"{op}: access denied ({code}){at}", where)
+    if code in _CHANGED and op in _WRITES:
+        return ObjectChangedError(
+            f"{op} {where}{at}: the store holds another version than the one this write was "
+            "made against (a conditional write refused)"
+        )
     if code in _CHANGED:
         return ObjectChangedError(f"{op} {where}{at}: the object changed while it was being read")
+    if code in _NOT_IMPLEMENTED or status == 501:
+        return NotImplementedByStoreError(text)
     if code in _RETRYABLE or (isinstance(status, int) and status >= 500):
         return RetryableError(text)
     return StoreError(text)

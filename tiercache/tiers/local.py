@@ -11,9 +11,15 @@ key is storable and nothing can land outside the root)::
     ROOT/objects/ab/<64 hex>.part   bytes of a fetch in progress
     ROOT/objects/ab/<64 hex>.pin    present while the entry is pinned (never evicted)
     ROOT/staging/                   files being written before they are uploaded
+    ROOT/ledger                     bytes reserved and published by the node's processes
 
 An entry is published when both data and meta exist and agree on the size. Readers hold a
 shared ``flock`` on the data file while it is open, so eviction skips it.
+
+The budget is one for the node: every process of the tier counts the others' fetches in
+flight and publications through ``ROOT/ledger`` (``tiers/ledger.py``), and eviction makes
+room against that total. What the tier holds stays at or below the budget plus the entries
+eviction may not take at that moment: open, pinned (prefetched), dirty or kept.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from tiercache.tiers.entry import (
     read_meta,
     write_atomically,
 )
+from tiercache.tiers.ledger import Ledger, ledger_at
 from tiercache.tiers.locks import is_shared_locked, lock, try_lock, unlock
 from tiercache.tiers.next_use import NextUse
 from tiercache.tiers.reservation import Reservation
@@ -63,6 +70,9 @@ class EvictionReport:
     kept_busy: int = 0
     kept_pinned: int = 0
     usage_after: int = 0
+    # Bytes the pass counted besides what its scan found (``less_reserved``): fetches in
+    # flight on the node, and entries published while the scan ran.
+    unseen: int = 0
 
 
 @dataclass(frozen=True)
@@ -97,7 +107,10 @@ class LocalTier:
         high_watermark: float = 1.0,
         low_watermark: float = 0.95,
         min_free_bytes: int = 0,
+        ledger: Ledger | None = None,
     ):
+        """``ledger``: where the node's processes count their fetches in flight (default:
+        ``ROOT/ledger``, see ``tiers/ledger.py``)."""
         self.max_bytes = max_bytes
         self.high_watermark = high_watermark
         self.low_watermark = low_watermark
@@ -106,11 +119,8 @@ class LocalTier:
         self.dir_mode = dir_mode
         os.makedirs(root, mode=dir_mode, exist_ok=True)
         self.root = os.path.realpath(root)
-        self.objects_dir = os.path.join(self.root, "objects")
-        self.staging_dir = os.path.join(self.root, "staging")
-        for path in (self.objects_dir, self.staging_dir):
-            os.makedirs(path, mode=dir_mode, exist_ok=True)
-            _require_real_dir(path, self.root)
+        self.objects_dir = make_tier_dir(self.root, "objects", dir_mode)
+        self.staging_dir = make_tier_dir(self.root, "staging", dir_mode)
         # Shard directories known to exist as real directories: those already there (one
         # listing, not a mkdir and a walk of the path each, which cost a metadata round
         # trip apiece on a shared filesystem), then each one made here.
@@ -132,10 +142,11 @@ class LocalTier:
         self._room_lock = threading.Lock()  # one ``make_room`` at a time: check, then reserve
         self._claims: dict[int, int] = {}  # claim -> bytes (``make_room``), oldest first
         self._claim_ids = itertools.count(1)
-        self._scan_cache: tuple[float, int] | None = None
-        self._published_bytes = 0  # by this process, ever (see ``_cache_scan``)
+        # When a scan was made, the published bytes it found, and the ledger's running sum
+        # of publications before it began (``_cache_scan``).
+        self._scan_cache: tuple[float, int, int] | None = None
         self._scanning = False  # a thread is scanning for ``usage``
-        self._reserved = 0
+        self.ledger = ledger or ledger_at(os.path.join(self.root, "ledger"), file_mode)
         forksafe.register(self)
 
     def after_fork(self) -> None:
@@ -143,7 +154,6 @@ class LocalTier:
         self._lock = threading.Lock()
         self._room_lock = threading.Lock()
         self._claims = {}
-        self._reserved = 0
         self._scanning = False
 
     def __repr__(self) -> str:
@@ -264,11 +274,13 @@ class LocalTier:
             return entry
         return self.replace_meta(entry, dataclasses.replace(entry.meta, boot_id=self.boot_id))
 
-    def drop_corrupt(self, entry: CachedEntry, timeout: float) -> bool:
-        """Drop a clean entry that failed its digest check; True if it was dropped.
+    def drop_version(self, entry: CachedEntry, timeout: float) -> bool:
+        """Drop a clean entry judged bad (it failed its digest check, or the store changed
+        since its bytes were fetched); True if it was dropped.
 
         Under the entry lock, and only if the entry is still that clean version: a write
-        published meanwhile (dirty: the only copy of its bytes) must not go with it.
+        published meanwhile (dirty: the only copy of its bytes) must not go with it, nor a
+        newer version another reader fetched after the verdict.
         """
         with self.entry_lock(entry.entry_id, timeout) as paths:
             meta = read_meta(paths.meta)
@@ -383,13 +395,9 @@ class LocalTier:
     def count_published(self, nbytes: int, reserved: int = 0) -> None:
         """``nbytes`` now take the tier's space as published bytes (an entry, or a pending
         write's journal copy), and ``reserved`` of this process's reservation is released in
-        the same step. Counted whether or not a scan running now saw them (see ``usage``)."""
-        with self._lock:
-            self._published_bytes += nbytes
-            self._reserved -= reserved
-            if self._scan_cache is not None:
-                stamp, usage = self._scan_cache
-                self._scan_cache = (stamp, usage + nbytes)
+        the same step, in the node's ledger: every process's ``usage`` counts them, whether
+        or not a scan running now saw them."""
+        self.ledger.published(nbytes, reserved)
 
     def prepare_meta(self, paths: EntryPaths, meta: EntryMeta, durable: bool) -> str:
         """Write ``meta`` to a temp file beside the entry's meta file, for ``publish`` to
@@ -419,33 +427,40 @@ class LocalTier:
     # -- space -------------------------------------------------------------------------------
 
     def usage(self, fresh: bool = False, max_age: float = _SCAN_REUSE_SECONDS) -> int:
-        """Bytes held by the tier's entries and fetches in progress.
+        """Bytes held by the tier's entries and fetches in progress, by every process.
 
         ``fresh`` scans now and counts every part file on disk. Otherwise: published entries
-        as scanned at most ``max_age`` seconds ago (this process's own publishes and evictions
-        since are counted), plus the bytes this process reserved for its fetches (another
-        process's fetch counts once published). A part file is never counted twice, as on
+        as scanned at most ``max_age`` seconds ago, plus what any process of the node
+        published since (the ledger's running sum; evictions since count only in the next
+        scan: usage may run over, never under), plus the bytes the node's processes reserved
+        for their fetches (``tiers/ledger.py``). A part file is never counted twice, as on
         disk and as reserved: that started eviction early and took published entries.
+        Reading the ledger is reading memory: a usage served from a kept scan makes no
+        system call.
         """
         if fresh:
             entries = sum(row.size for row in self._scan(sizes_only=True))
             return entries + self.staging_bytes() + self.unpublished_bytes()
         with self._lock:
-            cached, reserved, before = self._scan_cache, self._reserved, self._published_bytes
+            cached = self._scan_cache
             if cached is not None and (
                 time.monotonic() - cached[0] < max_age or self._scanning
             ):  # fresh, or another thread is scanning: its predecessor serves meanwhile
-                return cached[1] + reserved
+                published, reserved = self.ledger.totals()
+                return cached[1] + published - cached[2] + reserved
             self._scanning = True
         try:
-            published = sum(row.size for row in self._scan(count_parts=False, sizes_only=True))
-            published += self.staging_bytes() + self.unpublished_bytes()
-            published = self._cache_scan(published, before)
+            before = self.ledger.totals()[0]
+            scanned = sum(row.size for row in self._scan(count_parts=False, sizes_only=True))
+            scanned += self.staging_bytes() + self.unpublished_bytes()
+            self._cache_scan(scanned, before)
         finally:
             with self._lock:
                 self._scanning = False
-        with self._lock:  # after the scan: a fetch published meanwhile is no longer reserved
-            return published + self._reserved
+        # Read after the scan: a fetch published meanwhile is no longer reserved, and counts
+        # as published since ``before`` (and maybe in the scan too: over, never under).
+        published, reserved = self.ledger.totals()
+        return scanned + published - before + reserved
 
     def staging_bytes(self) -> int:
         """Bytes of files being written (or left by killed writers until ``fsck`` removes
@@ -479,17 +494,16 @@ class LocalTier:
                 files[st.st_ino] = st
         return sum(st.st_size for ino, st in files.items() if st.st_nlink <= names[ino])
 
-    def _cache_scan(self, published: int, published_before: int) -> int:
-        """Keep a scan's total, plus the bytes this process published while it ran (the scan
-        may or may not have seen them: counted twice rather than missed, so that usage may
-        run over, never under, and eviction starts early rather than late); returns it.
+    def _cache_scan(self, published: int, published_before: int) -> None:
+        """Keep a scan's total with the ledger's running sum of publications from before it
+        began: ``usage`` adds every publication since, by any process (those made while the
+        scan ran, which it may or may not have seen, count twice rather than not at all, so
+        that usage may run over, never under, and eviction starts early rather than late).
 
         Dropping such a scan instead made every fetch scan the whole tier while others
         published: the cost of a small object grew with the number of objects cached."""
         with self._lock:
-            published += self._published_bytes - published_before
-            self._scan_cache = (time.monotonic(), published)
-        return published
+            self._scan_cache = (time.monotonic(), published, published_before)
 
     def fill_limit(self) -> int:
         """Bytes of entries the tier holds before fetching one more starts eviction."""
@@ -498,19 +512,22 @@ class LocalTier:
     def reserve(self, nbytes: int) -> None:
         """Make room for ``nbytes`` about to be fetched; count them until ``release``.
 
-        Eviction starts when usage would pass the high watermark (or free space would drop
-        below ``min_free_bytes``) and goes down to the low watermark, so that a stream of
-        fetches does not scan the tier for every object.
+        The bytes are reserved in the node's ledger first, then room is made against every
+        process's reservations: two processes reserving at once both see both, so neither
+        fetches into room the other promised. Eviction starts when usage would pass the high
+        watermark (or free space would drop below ``min_free_bytes``) and goes down to the
+        low watermark, so that a stream of fetches does not scan the tier for every object.
         """
         with self._lock:
             # A prefetch's room (``make_room``) counts already: taken over, not counted twice
             # (which fetch's it was does not matter, the bytes reserved come out the same).
             claim = next(iter(self._claims), None)
-            self._reserved += nbytes - (0 if claim is None else self._claims.pop(claim))
+            taken = 0 if claim is None else self._claims.pop(claim)
+        self.ledger.reserve(nbytes - taken)
         free_short = self.free_shortfall(nbytes)
         if self.usage() > self.max_bytes * self.high_watermark or free_short:
-            # Part files of this process's fetches are in ``reserved`` already: counting them
-            # again made concurrent fetches evict up to their own size twice over.
+            # Part files of fetches in flight are reserved already: counting them again made
+            # concurrent fetches evict up to their own size twice over.
             self.evict(
                 int(self.max_bytes * self.low_watermark),
                 free_needed=free_short,
@@ -531,25 +548,28 @@ class LocalTier:
         or read no sooner than ``floor`` (see ``NextUse``); None, reserving nothing, if that
         cannot be had. Else a claim, that the next ``reserve`` takes over: until then another
         fetch's ``reserve`` would see the room free and evict with no floor. ``drop_claim``
-        once the fetch has started (or will not)."""
+        once the fetch has started (or will not).
+
+        Reserved before room is looked for, as ``reserve`` does: a process deciding at the
+        same moment sees these bytes, and this one its."""
         with self._room_lock:
-            if self.usage() + nbytes > self.fill_limit():
-                target = int(self.max_bytes * self.low_watermark) - nbytes
-                report = self.evict(target, count_parts=False, floor=floor, less_reserved=True)
-                with self._lock:
-                    reserved = self._reserved
-                if report.usage_after + reserved + nbytes > self.fill_limit():
-                    return None
             with self._lock:
                 claim = next(self._claim_ids)
                 self._claims[claim] = nbytes
-                self._reserved += nbytes
+            self.ledger.reserve(nbytes)
+            if self.usage() > self.fill_limit():
+                target = int(self.max_bytes * self.low_watermark)
+                report = self.evict(target, count_parts=False, floor=floor, less_reserved=True)
+                if report.usage_after + report.unseen > self.fill_limit():
+                    self.drop_claim(claim)
+                    return None
             return claim
 
     def drop_claim(self, claim: int) -> None:
         """Give back a claim no ``reserve`` took over."""
         with self._lock:
-            self._reserved -= self._claims.pop(claim, 0)
+            nbytes = self._claims.pop(claim, 0)
+        self.ledger.release(nbytes)
 
     def reservation(self, nbytes: int) -> Reservation:
         """``reserve`` ``nbytes`` for one entry, handed to it as it is published (see
@@ -558,8 +578,7 @@ class LocalTier:
 
     def release(self, nbytes: int) -> None:
         """The reserved bytes are now published (and counted by ``usage``) or abandoned."""
-        with self._lock:
-            self._reserved -= nbytes
+        self.ledger.release(nbytes)
 
     def evict(
         self,
@@ -582,14 +601,13 @@ class LocalTier:
 
         ``start_above``: remove nothing unless this pass's own scan finds usage above it (a
         cached usage may count a concurrent publish twice: it only suggests a pass).
-        ``less_reserved``: both bounds less the bytes this process reserved for its fetches,
-        as reserved once the scan is done (a fetch's bytes stop being reserved as its publish
-        is counted: read any earlier, a fetch published meanwhile would count twice; a scan
-        that saw a rename whose publish is not counted yet counts it twice, for that moment,
-        and evicts early rather than late).
+        ``less_reserved``: both bounds less what the scan cannot show (``unseen``): the bytes
+        every process of the node reserved for its fetches, as reserved once the scan is done,
+        and the entries published while it ran (a fetch's bytes stop being reserved as its
+        publication is counted, after its rename: one the scan saw counts twice, for that
+        moment, and eviction goes early rather than late; none goes uncounted).
         """
-        with self._lock:
-            before = self._published_bytes
+        before = self.ledger.totals()[0]
         rows = sorted(self._scan(count_parts), key=lambda r: r.last_access)
         hints = self.next_use
         ranked, known = (rows, {}) if hints is None else hints.rank(rows)
@@ -597,10 +615,10 @@ class LocalTier:
         report = EvictionReport()
         busy: set[str] = set()
         if less_reserved:
-            with self._lock:
-                reserved = self._reserved
-            target_bytes = max(0, target_bytes - reserved)
-            start_above = None if start_above is None else start_above - reserved
+            published, reserved = self.ledger.totals()
+            report.unseen = reserved + published - before
+            target_bytes = max(0, target_bytes - report.unseen)
+            start_above = None if start_above is None else start_above - report.unseen
         if (
             start_above is not None
             and not free_needed
@@ -834,7 +852,14 @@ def _real_subdirectories(path: str) -> set[str]:
         return set()
 
 
-def _require_real_dir(path: str, root: str) -> None:
-    """Refuse a tier directory that is a symlink or resolves outside the tier root."""
-    if os.path.islink(path) or not (os.path.realpath(path) + os.sep).startswith(root + os.sep):
+def make_tier_dir(root: str, name: str, mode: int) -> str:
+    """``root/name``, a directory of the tier at ``root``, made if missing (``root`` never
+    is: a removed tier is not made again). Raises ``PermissionError`` if it is a symlink (or
+    no directory) or resolves outside the tier: what is written there would land elsewhere."""
+    path = os.path.join(root, name)
+    with suppress(FileExistsError):
+        os.mkdir(path, mode)
+    inside = (os.path.realpath(path) + os.sep).startswith(os.path.realpath(root) + os.sep)
+    if not stat.S_ISDIR(os.lstat(path).st_mode) or not inside:
         raise PermissionError(13, "tier directory is a symlink or escapes the tier root", path)
+    return path

@@ -9,7 +9,12 @@ everybody rewrites, publish by temp + rename), with what many hosts need on top:
   to a taker-over never writes into the new owner's file, and a part is never served to
   another process: only a published entry is;
 - entries are published durably (data, meta and directory fsynced): another host cannot tell
-  that the publisher lost power, so the boot-id check of the local tier does not apply.
+  that the publisher lost power, so the boot-id check of the local tier does not apply;
+- the budget is kept per host: a host's processes count each other's fetches in flight
+  through a ledger on node-local disk (``tiers/ledger.py``; its shared memory and ``flock``
+  are no use across hosts), in the local tier's directory. Another host's fetches in flight
+  count once published, when a scan finds them: all hosts together may pass the budget by
+  what the other hosts are fetching at that moment.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import glob
+import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +30,7 @@ from contextlib import contextmanager
 from tiercache.config import TierCacheConfig
 from tiercache.tiers.entry import CachedEntry, EntryMeta, EntryPaths
 from tiercache.tiers.lease import LeaseLock
+from tiercache.tiers.ledger import Ledger, ProcessLedger, ledger_at
 from tiercache.tiers.local import LocalTier, create_exclusive, entry_files, remove_file
 
 
@@ -49,7 +56,11 @@ class SharedTier(LocalTier):
         high_watermark: float = 1.0,
         low_watermark: float = 0.95,
         min_free_bytes: int = 0,
+        ledger: Ledger | None = None,
     ):
+        """``ledger``: where this host's processes count their fetches in flight (see the
+        module docstring; ``shared_tier_of`` gives one on node-local disk); default: this
+        process alone."""
         super().__init__(
             root,
             max_bytes,
@@ -58,6 +69,7 @@ class SharedTier(LocalTier):
             high_watermark=high_watermark,
             low_watermark=low_watermark,
             min_free_bytes=min_free_bytes,
+            ledger=ledger or ProcessLedger(),
         )
         self.leases = LeaseLock(host_id, stale_after, file_mode)
         # The umask would strip the group bits a tier shared by a group of users needs.
@@ -168,7 +180,21 @@ def shared_tier_of(config: TierCacheConfig) -> SharedTier | None:
         high_watermark=config.high_watermark,
         low_watermark=config.low_watermark,
         min_free_bytes=config.min_free_bytes,
+        ledger=_host_ledger(config),
     )
+
+
+def _host_ledger(config: TierCacheConfig) -> Ledger | None:
+    """This host's ledger of the shared tier, in the local tier's directory (node-local
+    disk), one per shared directory; None (this process alone) where there is no such
+    directory yet (a command that uses the shared tier alone)."""
+    assert config.shared_dir is not None
+    local = os.path.realpath(config.local_dir)  # as ``LocalTier`` resolves it
+    if not os.path.isdir(local):
+        return None
+    shared = os.path.realpath(config.shared_dir).encode("utf-8", "surrogateescape")
+    name = f"shared-ledger-{hashlib.sha256(shared).hexdigest()[:16]}"
+    return ledger_at(os.path.join(local, name), config.file_mode)
 
 
 def _set_mode(path: str, mode: int) -> None:

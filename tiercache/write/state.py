@@ -8,6 +8,7 @@ always come from the same writer::
                                   │   └──commit(g+1)──► DIRTY(g+1)   g is SUPERSEDED: never
                                   │                                  uploaded after g+1
                                   ├──failed(g)──► FAILED(g) ──retry──► DIRTY(g)
+                                  ├──the store holds a newer version──► none (a note says so)
                                   └──bytes missing or corrupt──► LOST(g)
     store_written (rm, write-through, pipe, put, copy): DIRTY/FAILED/LOST(g) ──► none
 
@@ -20,6 +21,8 @@ On disk, in ``ROOT/journal/``::
                          (a flock; a lease when the journal is on the shared tier)
     <id>.<g>.up.claimed the private link the upload holding the claim reads from
     <id>.mpu             a multipart upload in flight (aborted when its uploader died)
+    <id>.<g>.superseded  generation g was never uploaded: the store held a newer version
+                         (kept a week for ``status`` and ``flush`` to show)
 
 ``close()`` is acknowledged once the bytes, the published dirty entry and the record are
 durable. On a shared tier, a new object's entry is published later instead, when it is first
@@ -32,6 +35,7 @@ FAILED and LOST records stay until the user retries or discards them.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -59,12 +63,21 @@ from tiercache.tiers.entry import (
     read_meta_if_present,
     write_atomically,
 )
-from tiercache.tiers.local import LocalTier, entry_files, fsync_dir, remove_file
+from tiercache.tiers.local import (
+    LocalTier,
+    create_exclusive,
+    entry_files,
+    fsync_dir,
+    make_tier_dir,
+    remove_file,
+)
 from tiercache.tiers.shared import SharedTier
 from tiercache.write.claims import claims_for
 from tiercache.write.staged import StagedObject
 
 RECORD_VERSION = 2
+SUPERSEDED_SUFFIX = ".superseded"
+SUPERSEDED_KEPT = 7 * 24 * 3600.0  # seconds a note of a superseded version is shown
 RecordState = Literal["dirty", "failed", "lost"]
 log = logging.getLogger("tiercache.write")
 
@@ -139,8 +152,7 @@ class WriteState:
 
     def __init__(self, tier: LocalTier, lock_timeout: float) -> None:
         self.tier = tier
-        self.dir = os.path.join(tier.root, "journal")
-        os.makedirs(self.dir, mode=tier.dir_mode, exist_ok=True)
+        self.dir = make_tier_dir(tier.root, "journal", tier.dir_mode)
         self._mode = tier.file_mode
         self._claims = claims_for(tier)
         self.host = tier.host_id if isinstance(tier, SharedTier) else socket.gethostname()
@@ -163,12 +175,18 @@ class WriteState:
     # -- reading -----------------------------------------------------------------------------
 
     def get(self, entry_id: str) -> Record | None:
-        """The object's record; None when it has none (or an unreadable one)."""
+        """The object's record; None when it has none (or an unreadable one: a symlink
+        planted in its place is never read through)."""
         try:
-            with open(self.path(entry_id, "json"), "rb") as f:
-                return Record.from_json(f.read())
+            fd = os.open(self.path(entry_id, "json"), _READ)
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return None
+            raise
+        with open(fd, "rb") as f:
+            return Record.from_json(f.read())
 
     def record_ids(self) -> list[str]:
         """Entry ids of every record file, readable or not."""
@@ -244,7 +262,11 @@ class WriteState:
                         moving.result()
                         staged.moved()  # once moved, even if the record's file failed
                 else:
-                    _link_or_copy(staged.path, own_bytes)
+                    try:
+                        _link_or_copy(staged.path, own_bytes)
+                    except FileExistsError:  # planted (a link?): replaced, not written through
+                        remove_file(own_bytes)
+                        _link_or_copy(staged.path, own_bytes)
                     record_tmp = prepare_file(record_path, record.to_json(), self._mode)
                 if not on_demand:
                     # Not fsynced: the record and the journal's own bytes are the durable
@@ -491,10 +513,54 @@ class WriteState:
     def _set_state(self, record: Record, state: RecordState, error: str) -> None:
         with self.tier.entry_lock(record.entry_id, self.lock_timeout):
             current = self.get(record.entry_id)
-            if current is None:  # a record only the name of its file survived: rebuild it
+            if current is None and os.path.exists(self.path(record.entry_id, "json")):
+                # A record only the name of its file survived: rebuild it. (No file at all:
+                # another process ended this version meanwhile, and nothing is pending.)
                 self._write(dataclasses.replace(record, state=state, error=error))
-            elif current.generation == record.generation:
+            elif current is not None and current.generation == record.generation:
                 self._write(dataclasses.replace(current, state=state, error=error))
+
+    def superseded(self, record: Record, reason: str) -> None:
+        """The store holds a newer version than ``record``'s (another host's, or one made
+        outside): its record goes, never uploaded, and a note says so (``superseded_notes``)
+        for ``status`` and ``flush``; the cached entry of that version goes too, so readers
+        get the store's."""
+        with self.tier.entry_lock(record.entry_id, self.lock_timeout) as paths:
+            current = self.get(record.entry_id)
+            if current is None or current.generation != record.generation:
+                return  # ended by another process, or a newer version is pending here
+            note = {"name": record.name, "host": record.host, "at": time.time(), "why": reason}
+            write_atomically(
+                self.path(record.entry_id, f"{record.generation}{SUPERSEDED_SUFFIX}"),
+                json.dumps(note).encode(),
+                self._mode,
+            )
+            entry = read_meta(paths.meta)
+            if entry is not None and entry.generation == record.generation:
+                for path in entry_files(paths):
+                    remove_file(path)
+            self._remove(record)
+        log.warning("pending write of %s superseded, not uploaded: %s", record.name, reason)
+
+    def superseded_notes(self) -> list[dict[str, Any]]:
+        """The versions found superseded in the last ``SUPERSEDED_KEPT`` seconds (older notes
+        are removed here)."""
+        notes = []
+        now = time.time()
+        for name in os.listdir(self.dir):
+            if not name.endswith(SUPERSEDED_SUFFIX):
+                continue
+            path = os.path.join(self.dir, name)
+            try:
+                with open(path, "rb") as f:
+                    note = json.loads(f.read())
+                if now - float(note["at"]) > SUPERSEDED_KEPT:
+                    remove_file(path)
+                    continue
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            notes.append(note)
+        return sorted(notes, key=lambda n: float(n["at"]))
 
     # -- direct changes of the store (rm, write-through, pipe, put, copy) --------------------
 
@@ -580,9 +646,12 @@ class WriteState:
         remove_file(private)
         try:
             _link_or_copy(self.bytes_path(record.entry_id, record.generation), private)
-            return private
         except FileNotFoundError:
             return None
+        if stat.S_ISLNK(os.lstat(private).st_mode):  # a symlink planted in their place
+            remove_file(private)
+            return None
+        return private
 
     def write_multipart(self, record: Record, upload_id: str) -> None:
         payload = json.dumps({"bucket": record.bucket, "key": record.key, "upload_id": upload_id})
@@ -591,7 +660,7 @@ class WriteState:
     def read_multipart(self, entry_id: str) -> tuple[str, str, str] | None:
         """The multipart upload a dead uploader left (bucket, key, upload id), if any."""
         try:
-            with open(self.path(entry_id, "mpu"), "rb") as f:
+            with open(os.open(self.path(entry_id, "mpu"), _READ), "rb") as f:
                 row = json.loads(f.read())
             return str(row["bucket"]), str(row["key"]), str(row["upload_id"])
         except FileNotFoundError:
@@ -703,19 +772,24 @@ def _uploaded_meta(meta: EntryMeta, info: ObjectInfo) -> EntryMeta:
 
 
 def _link_or_copy(src: str, dst: str) -> None:
-    """Give ``src``'s bytes a second name; copy them where the filesystem has no hard links."""
+    """Give ``src``'s bytes a second name; copy them where the filesystem has no hard links.
+
+    Neither name is followed if it is a symlink, and ``dst`` is never replaced: a link
+    planted there raises ``FileExistsError`` (the caller removes it), never written through.
+    """
     try:
         os.link(src, dst, follow_symlinks=False)
-    except FileNotFoundError:
+    except (FileNotFoundError, FileExistsError):
         raise
     except OSError:
-        shutil.copyfile(src, dst, follow_symlinks=False)
-        with suppress(OSError):
-            fd = os.open(dst, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        fd_in = os.open(src, _READ)
+        with open(fd_in, "rb") as fin:
+            mode = stat.S_IMODE(os.fstat(fd_in).st_mode)  # as private as a link would be
+            with open(create_exclusive(dst, mode), "wb") as fout:
+                shutil.copyfileobj(fin, fout, 8 << 20)
+                fout.flush()
+                with suppress(OSError):
+                    os.fsync(fout.fileno())
 
 
 def _is_entry_id(value: Any) -> bool:
@@ -723,3 +797,4 @@ def _is_entry_id(value: Any) -> bool:
 
 
 _ENTRY_ID = re.compile("[0-9a-f]{64}")
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC  # a journal file, never through a link

@@ -24,9 +24,10 @@ import xxhash
 
 from tiercache.errors import ObjectNotFoundError
 from tiercache.store import multipart
-from tiercache.store.base import ObjectInfo, ObjectStore
+from tiercache.store.base import ObjectInfo, ObjectStore, WriteFence
 from tiercache.store.multipart import MultipartUpload
 from tiercache.tiers.local import fsync_dir, remove_file
+from tiercache.write.fence import GENERATION_METADATA_KEY
 
 log = logging.getLogger("tiercache.write")
 
@@ -101,8 +102,10 @@ class PartStreamer:
     def _started(self) -> MultipartUpload:
         if self._upload is None:
             self._fd = os.open(self._staged_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            # Its generation is not known yet (assigned at the commit): "0" tells another
+            # host's fence that this is an upload of tiercache's, older than its own version.
             self._upload = self._store.start_multipart(
-                self.bucket, self.key, on_created=self._journal
+                self.bucket, self.key, {GENERATION_METADATA_KEY: "0"}, on_created=self._journal
             )
         return self._upload
 
@@ -136,16 +139,21 @@ class PartStreamer:
 
     # -- after close() -----------------------------------------------------------------------
 
-    def finish(self, path: str, size: int, digest: str) -> ObjectInfo | None:
+    def finish(
+        self, path: str, size: int, digest: str, fence: WriteFence | None = None
+    ) -> ObjectInfo | None:
         """Complete the upload with the bytes of ``path`` (the journaled generation: ``size``
-        bytes of xxh3 ``digest``). None when the streamed parts cannot be used (a part
-        failed, or the bytes changed after they were sent): the caller uploads the file.
-        Raises ``BytesChangedError`` when ``path`` does not match ``digest``."""
+        bytes of xxh3 ``digest``), the rest of its parts and the completion checked against
+        ``fence``. None when the streamed parts cannot be used (a part failed, or the bytes
+        changed after they were sent): the caller uploads the file. Raises
+        ``BytesChangedError`` when ``path`` does not match ``digest``."""
         self.stop()
         upload = self._upload
         if upload is None:
             self.close()
             return None
+        if fence is not None:
+            upload.fence_with(fence)
         try:
             # The check pass runs while the parts are still on the wire: each part sent must
             # be what the pass read, and the pass must be the journaled bytes.

@@ -28,6 +28,7 @@ from tiercache.config import TierCacheConfig
 from tiercache.digest import xxh3_file
 from tiercache.errors import (
     AccessDeniedError,
+    ObjectChangedError,
     ObjectNotFoundError,
     StoreError,
     StoreUnavailableError,
@@ -38,13 +39,22 @@ from tiercache.store.base import ObjectInfo, ObjectStore
 from tiercache.store.endpoint import canonical_namespace
 from tiercache.store.retry import RetryPolicy
 from tiercache.tiers.local import remove_file
+from tiercache.write.fence import (
+    AlreadyInStoreError,
+    ClaimLostError,
+    Outcome,
+    StoreVersion,
+    UploadFence,
+    look,
+    outcome,
+    upload_metadata,
+)
 from tiercache.write.reconcile import ReconcileReport, reconcile
 from tiercache.write.state import Record, WriteState
 from tiercache.write.streaming import BytesChangedError, PartStreamer
 
 log = logging.getLogger("tiercache.uploader")
 
-DIGEST_METADATA_KEY = "tiercache-xxh3"
 _SCAN_INTERVAL = 1.0
 _BUSY_RETRY = 0.1  # seconds before a flushed object whose claim was busy is tried again
 # Uploads wait (at most _DEFER_WHILE_WRITING seconds) until this process has written nothing
@@ -69,11 +79,6 @@ def few_cores() -> bool:
 
 class _BytesLostError(TierCacheError):
     """The recorded generation's bytes are gone or no longer match their digest."""
-
-
-class _ClaimLostError(TierCacheError):
-    """Another host took this upload's claim over (this process went ``lease_stale_after``
-    without a heartbeat); the upload is not sent, and is tried again later."""
 
 
 @dataclass
@@ -466,10 +471,18 @@ class Uploader:
             try:
                 info = self._landed_before(record) or self._upload_generation(record, claim)
             except _BytesLostError as exc:
-                self._state.lost(record, str(exc))
-                self._stats.add("uploads_lost")
+                if self._state.still_claimed(entry_id, claim):
+                    self._state.lost(record, str(exc))
+                    self._stats.add("uploads_lost")
                 return True
+            except (ClaimLostError, AlreadyInStoreError, ObjectChangedError) as exc:
+                return self._refused(record, claim, exc)
             except Exception as exc:
+                if not self._state.still_claimed(entry_id, claim):
+                    # Another host took the claim over meanwhile (an upload it aborted
+                    # answers "no such upload"): the outcome is its to record, not this one's.
+                    self._stats.add("uploads_claim_lost")
+                    return True
                 if not is_permanent(exc):
                     raise
                 self._state.failed(record, f"{type(exc).__name__}: {exc}")
@@ -481,6 +494,35 @@ class Uploader:
             with self._cond:
                 self._began.pop(entry_id, None)
             self._state.release(entry_id, claim)
+
+    def _refused(self, record: Record, claim: object, exc: Exception) -> bool:
+        """The upload stopped at its fence: another host holds the claim, or the store holds
+        another version than the one the upload was made against. Neither is a failure."""
+        if isinstance(exc, ClaimLostError):
+            self._stats.add("uploads_claim_lost")
+            log.warning("%s: %s; that host finishes it", record.name, exc)
+            return True
+        held = exc.held if isinstance(exc, AlreadyInStoreError) else self._look(record)
+        verdict = outcome(record, held)
+        if verdict is Outcome.RETRY:
+            raise StoreUnavailableError(
+                f"{record.name}: the store's version changed while it was uploaded; again"
+            ) from exc
+        if not self._state.still_claimed(record.entry_id, claim):
+            self._stats.add("uploads_claim_lost")
+            return True
+        if verdict is Outcome.DELIVERED:
+            assert held.info is not None
+            self._stats.add("uploads_delivered_elsewhere")
+            self._landed(record, held.info, counted=False)
+            return True
+        self._state.superseded(record, _superseded_reason(held))
+        self._stats.add("uploads_superseded")
+        self._requeue_deferred()
+        return True
+
+    def _look(self, record: Record) -> StoreVersion:
+        return look(self._store, record.bucket, record.key)
 
     def _abort_dead_multipart(self, entry_id: str) -> None:
         """A multipart upload recorded by an uploader that died holding this claim."""
@@ -557,7 +599,11 @@ class Uploader:
             self._cond.notify_all()
 
     def _upload_generation(self, record: Record, claim: object) -> ObjectInfo:
-        """Upload exactly the recorded generation's bytes (hold the claim)."""
+        """Upload exactly the recorded generation's bytes (hold the claim), fenced: the claim
+        is checked before every request, and the object is sent on the condition that the
+        store still holds what it held while the claim was held (``write/fence.py``)."""
+        fence = UploadFence(self._state, self._store, record, claim)
+        fence.check()
         link = self._state.upload_copy(record)
         stream = self._take_stream(record)
         if link is None:
@@ -566,19 +612,18 @@ class Uploader:
             raise _BytesLostError("the bytes of this version are no longer in the tier")
         try:
             if stream is not None:
-                streamed = self._finish_stream(stream, record, link)
+                streamed = self._finish_stream(stream, record, link, fence)
                 if streamed is not None:
                     return streamed
             if xxh3_file(link) != (record.size, record.digest):
                 raise _BytesLostError("its bytes in the tier no longer match their digest")
-            if not self._state.still_claimed(record.entry_id, claim):
-                raise _ClaimLostError(f"another host took the upload of {record.name} over")
             info = self._store.upload_file(
                 record.bucket,
                 record.key,
                 link,
-                metadata={DIGEST_METADATA_KEY: record.digest},
+                metadata=upload_metadata(record),
                 on_multipart=lambda upload_id: self._state.write_multipart(record, upload_id),
+                fence=fence,
             )
             # On failure the record of a multipart upload stays: the next claimant aborts it
             # again, in case the store's own abort did not reach the store.
@@ -587,10 +632,12 @@ class Uploader:
         finally:
             remove_file(link)
 
-    def _finish_stream(self, stream: PartStreamer, record: Record, link: str) -> ObjectInfo | None:
+    def _finish_stream(
+        self, stream: PartStreamer, record: Record, link: str, fence: UploadFence
+    ) -> ObjectInfo | None:
         """Complete the upload begun while the file was written; None: upload it whole."""
         try:
-            info = stream.finish(link, record.size, record.digest)
+            info = stream.finish(link, record.size, record.digest, fence)
         except BytesChangedError as exc:
             raise _BytesLostError(str(exc)) from exc
         self._stats.add("uploads_streamed" if info is not None else "streams_restarted")
@@ -603,14 +650,14 @@ class Uploader:
             landed = self._unrecorded.get(record.entry_id)
         return landed[1] if landed is not None and landed[0] == record.generation else None
 
-    def _landed(self, record: Record, info: ObjectInfo) -> None:
+    def _landed(self, record: Record, info: ObjectInfo, counted: bool = True) -> None:
         if posixpath.basename(record.key) == self._config.commit_marker:
             # The marker is in the store: recorded before its journal record goes, so that a
             # flush that returns finds the checkpoint among the newest (retention keeps it).
             self._checkpoints.committed(record.bucket, posixpath.dirname(record.key))
         with self._cond:  # counted once, when the store first had it
             landed_before = self._unrecorded.get(record.entry_id, (None, None))[0]
-        if landed_before != record.generation:
+        if landed_before != record.generation and counted:
             # Before the journal record goes: a flush that returns has it counted.
             self._stats.add("uploads")
             self._stats.add("bytes_uploaded", record.size)
@@ -627,3 +674,9 @@ class Uploader:
         if self.on_landed is not None:
             self.on_landed(record.bucket, record.key)
         self._requeue_deferred()
+
+
+def _superseded_reason(held: StoreVersion) -> str:
+    if held.generation is None:
+        return f"the store holds a version written outside tiercache since (ETag {held.etag})"
+    return f"the store holds a newer acknowledged version (generation {held.generation})"
