@@ -362,7 +362,7 @@ class EntryChecks:
                 copies.append((shared, copy))
         for copy_tier, copy in copies:
             try:
-                if copy_tier.drop_corrupt(copy, self._lock_timeout):
+                if copy_tier.drop_version(copy, self._lock_timeout):
                     stats.add("invalidations")
             except (OSError, CacheTimeoutError):
                 pass  # still there: the next reader's check finds it

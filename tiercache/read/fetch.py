@@ -119,6 +119,9 @@ class Fetch:
         self._fd = -1
         self._reservation: Reservation | None = None  # from ``begin``
         self._paths: EntryPaths | None = None
+        # Whether ``_paths.part`` names this fetch's part file: from its creation until its
+        # publish or removal begins (see ``open_part``).
+        self._part_named = False
         self.info: ObjectInfo | None = None
         self.entry: CachedEntry | None = None
         # The data file this fetch published, as hashed while its bytes streamed in (None
@@ -162,9 +165,31 @@ class Fetch:
             if self.error is not None:
                 raise self.error
 
-    def part_path(self) -> str:
-        assert self._paths is not None
-        return self._paths.part
+    def open_part(self) -> int | None:
+        """A descriptor on the file this fetch writes, with a shared lock (eviction leaves the
+        entry it becomes); None once the fetch publishes it or gives it up, or if it found
+        another process's entry instead.
+
+        The file's name is this fetch's only until then: once the entry lock is free, the next
+        fetch of the object (this process's or another's) creates a new file under it. A reader
+        that opened the name after that read the next fetch's bytes as this one's (an empty
+        file: ``b''``, issue 46), so it is opened here, under the lock the publish takes first.
+        """
+        with self._cond:
+            if not self._part_named:
+                return None
+            assert self._paths is not None
+            try:
+                fd = os.open(self._paths.part, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except FileNotFoundError:  # removed by the next holder of a lease this one lost
+                return None
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        return fd
+
+    def _part_unnamed(self) -> None:
+        """The part file is about to be published or removed: readers open it no longer."""
+        with self._cond:
+            self._part_named = False
 
     def wait_finished(self) -> CachedEntry:
         """Block until the entry is published; raise the fetch's error."""
@@ -372,6 +397,7 @@ class Fetch:
                 if existing is None or revalidate is None:
                     self._paths = paths
                     self._fd = self._tier.create_part(paths)
+                    self._part_named = True
                     if self.pin:
                         self.pin_fd = os.open(paths.part, os.O_RDONLY | os.O_CLOEXEC)
                         fcntl.flock(self.pin_fd, fcntl.LOCK_SH)
@@ -421,9 +447,11 @@ class Fetch:
             # The reservation ends as the entry counts as published, in one step: the bytes
             # count once all along (see ``LocalTier.publish``).
             assert self._reservation is not None  # ``begin`` came first
+            self._part_unnamed()
             entry = self._reservation.publish(paths, self._fd, meta)
             self.identity = identity(os.fstat(self._fd))
         except BaseException:
+            self._part_unnamed()
             with contextlib.suppress(OSError):  # never mask the error being raised
                 remove_file(paths.part)
             raise

@@ -12,7 +12,6 @@ object there), then the local tier. The reader of a fetch gets bytes as they arr
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import os
 import threading
@@ -383,15 +382,10 @@ class ReadPath:
         (which becomes the data file) so that eviction leaves the entry from the moment it is
         published; the prefetcher holds one until a reader opens the object."""
         fetch.wait_started()
-        if fetch.info is not None:
-            try:
-                fd = os.open(fetch.part_path(), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except FileNotFoundError:
-                pass  # published already: hold the data file
-            else:
-                fcntl.flock(fd, fcntl.LOCK_SH)
-                return fd
-        return self._tier.open_data(fetch.wait_finished())
+        fd = fetch.open_part()
+        if fd is not None:
+            return fd
+        return self._tier.open_data(fetch.wait_finished())  # published already: hold its data
 
     def wait_idle(self) -> None:
         """Wait until every fetch this process started has published (or failed)."""
@@ -479,7 +473,11 @@ class ReadPath:
         return "by_head" if (current.etag, current.size) == (etag, size) else "changed"
 
     def _drop(self, tier: LocalTier, entry: CachedEntry) -> None:
-        self._drop_id(tier, entry.entry_id)
+        """Drop the copy a verdict was about, not a newer one another reader fetched since:
+        readers that judged the same stale copy at once dropped, each in turn, the copy the
+        one before them had just fetched, and fetched it yet again."""
+        if tier.drop_version(entry, self._config.lock_timeout):
+            self._stats.add("invalidations")
 
     def _drop_id(self, tier: LocalTier, entry_id: str) -> None:
         self._stats.add("invalidations")
@@ -501,17 +499,14 @@ class ReadPath:
             return self.open_blocks(big.info)
         except OSError as exc:
             raise self.tier_full_error(exc, bucket, key) or exc from exc
+        info = fetch.info  # None: satisfied by an entry another process published
+        fd = None if info is None else fetch.open_part()
         try:
-            if fetch.info is None:  # satisfied by an entry another process published
-                return self._open_published(fetch, by_blocks, again)
-            try:
-                fd = os.open(fetch.part_path(), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except FileNotFoundError:  # published, or stopped for blocks (range-first)
+            if info is None or fd is None:  # or published, or stopped for blocks (range-first)
                 return self._open_published(fetch, by_blocks, again)
         except BlockModeRequiredError as stopped:
             return self.open_blocks(stopped.info)
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        return OpenedObject(fd, fetch.info.size, fetch.info.etag, fetch)
+        return OpenedObject(fd, info.size, info.etag, fetch)
 
     def tier_full_error(self, exc: OSError, bucket: str, key: str) -> TierFullError | None:
         """A ``TierFullError`` if ``exc`` says the tier's filesystem is out of space."""
