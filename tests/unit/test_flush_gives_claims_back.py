@@ -10,24 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.gated_store import GatedStore
 
-from tiercache import MemoryStore, TierCacheFileSystem
-
-
-class GatedStore(MemoryStore):
-    """Uploads wait until ``gate`` is set: the writes stay pending meanwhile."""
-
-    def __init__(self) -> None:
-        super().__init__(buckets=("b",))
-        self.gate = threading.Event()
-
-    def upload_file(self, *args: Any, **kwargs: Any) -> Any:
-        self.gate.wait(30)
-        return super().upload_file(*args, **kwargs)
-
-    def put_bytes(self, *args: Any, **kwargs: Any) -> Any:
-        self.gate.wait(30)
-        return super().put_bytes(*args, **kwargs)
+from tiercache import TierCacheFileSystem
 
 
 @pytest.mark.parametrize("write_tier", ["local", "shared"])

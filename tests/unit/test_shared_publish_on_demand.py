@@ -8,37 +8,17 @@ import glob
 import json
 import logging
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.gated_store import GatedStore
 
 from tiercache import MemoryStore, TierCacheFileSystem
 from tiercache.errors import CacheCorruptError
 from tiercache.tiers.local import LocalTier
 
 KiB = 1024
-
-
-class GatedStore(MemoryStore):
-    """Uploads wait until ``gate`` is set: the writes stay pending meanwhile."""
-
-    def __init__(self) -> None:
-        super().__init__(buckets=("b",))
-        self.gate = threading.Event()
-
-    def upload_file(self, *args: Any, **kwargs: Any) -> Any:
-        self.gate.wait()
-        return super().upload_file(*args, **kwargs)
-
-    def put_bytes(self, *args: Any, **kwargs: Any) -> Any:
-        self.gate.wait()
-        return super().put_bytes(*args, **kwargs)
-
-    def create_multipart(self, *args: Any, **kwargs: Any) -> Any:
-        self.gate.wait()
-        return super().create_multipart(*args, **kwargs)
 
 
 def _fs(tmp_path: Path, store: MemoryStore, local: str = "local") -> TierCacheFileSystem:
@@ -71,7 +51,7 @@ def _journal(tmp_path: Path, suffix: str) -> list[str]:
 
 @pytest.fixture
 def store() -> GatedStore:
-    gated = GatedStore()
+    gated = GatedStore(at_most=None)
     yield gated
     gated.gate.set()  # no upload thread is left waiting
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.gated_store import GatedStore
 
 from tiercache import MemoryStore, TierCacheFileSystem
 from tiercache.config import TierCacheConfig
@@ -28,26 +28,6 @@ from tiercache.write.state import Record
 pytestmark = pytest.mark.partition
 
 KiB = 1024
-
-
-class GatedStore(MemoryStore):
-    """Uploads wait until ``gate`` is set: the writes stay pending in the journal meanwhile."""
-
-    def __init__(self) -> None:
-        super().__init__(buckets=("b",))
-        self.gate = threading.Event()
-
-    def upload_file(self, *args: Any, **kwargs: Any) -> Any:
-        self.gate.wait(30)
-        return super().upload_file(*args, **kwargs)
-
-    def put_bytes(self, *args: Any, **kwargs: Any) -> Any:
-        self.gate.wait(30)
-        return super().put_bytes(*args, **kwargs)
-
-    def create_multipart(self, *args: Any, **kwargs: Any) -> Any:
-        self.gate.wait(30)
-        return super().create_multipart(*args, **kwargs)
 
 
 @pytest.fixture
