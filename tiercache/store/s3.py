@@ -351,32 +351,19 @@ class S3Store(SendsParts):
         fence: WriteFence | None = None,
     ) -> ObjectInfo:
         condition = fence.condition() if fence is not None else None
-        if not self.conditional_writes(bucket):
-            condition = None
 
-        def put(condition: WriteCondition | None) -> Any:
+        def put(arguments: dict[str, str]) -> Any:
             return self._call(
                 "PutObject",
                 bucket,
                 key,
                 lambda c: c.put_object(
-                    Bucket=bucket,
-                    Key=key,
-                    Body=data,
-                    Metadata=dict(metadata or {}),
-                    **condition_arguments(condition),
+                    Bucket=bucket, Key=key, Body=data, Metadata=dict(metadata or {}), **arguments
                 ),
                 fence,
             )
 
-        try:
-            resp = put(condition)
-        except NotImplementedByStoreError:
-            if condition is None:
-                raise
-            self._conditions_refused(bucket)
-            resp = put(None)
-        return _info(bucket, key, len(data), resp)
+        return _info(bucket, key, len(data), self._conditionally(bucket, condition, put))
 
     def upload_file(
         self,
@@ -435,10 +422,8 @@ class S3Store(SendsParts):
         condition: WriteCondition | None = None,
     ) -> ObjectInfo:
         parts = [{"PartNumber": number, "ETag": etag} for number, etag in etags]
-        if not self.conditional_writes(bucket):
-            condition = None
 
-        def complete(condition: WriteCondition | None) -> Any:
+        def complete(arguments: dict[str, str]) -> Any:
             return self._call(
                 "CompleteMultipartUpload",
                 bucket,
@@ -448,18 +433,27 @@ class S3Store(SendsParts):
                     Key=key,
                     UploadId=upload_id,
                     MultipartUpload={"Parts": parts},
-                    **condition_arguments(condition),
+                    **arguments,
                 ),
             )
 
+        return _info(bucket, key, size, self._conditionally(bucket, condition, complete))
+
+    def _conditionally(
+        self,
+        bucket: str,
+        condition: WriteCondition | None,
+        send: Callable[[dict[str, str]], T],
+    ) -> T:
+        """Send a write with ``condition``'s headers, unless the store refused them in this
+        bucket; a first refusal (501) is remembered and the write sent again without."""
+        if condition is None or not self.conditional_writes(bucket):
+            return send({})
         try:
-            resp = complete(condition)
+            return send(condition_arguments(condition))
         except NotImplementedByStoreError:
-            if condition is None:
-                raise
             self._conditions_refused(bucket)
-            resp = complete(None)
-        return _info(bucket, key, size, resp)
+            return send({})
 
     def conditional_writes(self, bucket: str, near_key: str = "") -> bool:
         """False once the store refused the conditional headers of a write in ``bucket``
