@@ -17,15 +17,7 @@ from support.cephfs_hosts import HostProcess
 from support.paused_host import PART_SIZE, SCENARIOS, Scenario, run_trial
 from support.proxy import FaultProxy
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.multinode,
-    pytest.mark.partition,
-    # Not yet reliable: the proxy's held request is at times not answered within 60 s
-    # (seen with bodies the store refuses without reading them), so a trial can end before
-    # the late request was judged. Reported as xfailed, never as passed, until it is.
-    pytest.mark.xfail(reason="held-request harness not yet reliable (issue 46)", strict=False),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.multinode, pytest.mark.partition]
 
 LEASE = 1.5  # lease_stale_after of both hosts
 ROUNDS = 4  # trials of each scenario
@@ -61,7 +53,8 @@ def two_hosts(
         yield a, b
     finally:
         for host in (a, b):
-            host.kill() if host.proc.poll() is None else None
+            if host.proc.poll() is None:
+                host.kill()
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name.replace(" ", "-"))

@@ -130,6 +130,9 @@ class HostProcess:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            # Its store requests say which host sent them ("app/HOST" in the User-Agent),
+            # so that a proxy can fault one host's requests alone.
+            env={**os.environ, "AWS_SDK_UA_APP_ID": host},
         )
         self._send(options)
         self.hello: dict[str, Any] | None = None

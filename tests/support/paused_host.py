@@ -4,7 +4,8 @@ One trial: host A writes ``v1`` of a key behind (``write_tier="shared"``). The s
 A's first attempts (503, at once or slowly); one of A's requests (the PUT, a part, or the
 completion of a multipart upload) is then taken whole by the proxy, A's process is stopped
 (SIGSTOP) and the request is held, as a request stuck on the wire behind a frozen host.
-Host B's ``flush`` takes the upload over once A's lease is stale, uploads ``v1``, writes ``v2``
+Host B (stopped until then, so that A's request is the one held) runs again; its ``flush``
+takes the upload over once A's lease is stale, uploads ``v1``, writes ``v2``
 and flushes it. Then the held request goes to the store and A runs again; A flushes. The
 store must hold ``v2`` (the newest acknowledged version), and every flush that reported
 success must have been right.
@@ -73,7 +74,13 @@ def run_trial(
     if scenario.refusals:
         if scenario.slow_refusals:
             proxy.delay(0.3)
-        proxy.fail_next(scenario.refusals, status=503, method="PUT", path_contains=f"/{key}")
+        proxy.fail_next(
+            scenario.refusals,
+            status=503,
+            method="PUT",
+            path_contains=f"/{key}",
+            user_agent_contains=f"app/{host_a.host}",
+        )
 
     def stop_a() -> None:
         os.kill(pid_a, signal.SIGSTOP)
@@ -82,7 +89,17 @@ def run_trial(
     if scenario.part:  # a part's target is ?uploadId=…&partNumber=N
         proxy.hold_next(0, stop_a)  # (a rule that matches nothing keeps the order plain)
         target = f"&partNumber={scenario.part}"
-    release, answered = proxy.hold_next(1, stop_a, method=scenario.method, path_contains=target)
+    release, answered = proxy.hold_next(
+        1,
+        stop_a,
+        method=scenario.method,
+        path_contains=target,
+        user_agent_contains=f"app/{host_a.host}",
+    )
+    # B stays stopped until A is: otherwise B's background scan may take the upload over
+    # between two of A's attempts, and A never sends the request the trial holds.
+    pid_b = int(host_b.ready()["pid"])
+    os.kill(pid_b, signal.SIGSTOP)
     stopped = False
     try:
         v1 = _check(host_a.call("write_behind", sizes={path: scenario.size}), "A writes v1")
@@ -94,6 +111,7 @@ def run_trial(
             time.sleep(0.02)
         stopped = True
         proxy.clear()
+        os.kill(pid_b, signal.SIGCONT)
         time.sleep(lease * 1.5)  # A's lease goes stale: it sends no heartbeat while stopped
         _check(host_b.call("flush", seconds=120.0, timeout=180), "B flushes v1")
         assert _store_sha256(s3_client, path) == v1["sha256"][path]
@@ -103,6 +121,7 @@ def run_trial(
         release.set()  # the request stuck on the wire reaches the store now
         assert answered.wait(60), "the held request was never answered"
     finally:
+        os.kill(pid_b, signal.SIGCONT)
         release.set()
         if stopped or _stopped(pid_a):
             os.kill(pid_a, signal.SIGCONT)

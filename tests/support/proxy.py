@@ -28,6 +28,7 @@ class Match(TypedDict, total=False):
 
     method: str | None
     path_contains: str | None
+    user_agent_contains: str | None  # "app/hostA": a process with AWS_SDK_UA_APP_ID=hostA
     skip: int
 
 
@@ -37,6 +38,7 @@ class _Rule:
     left: int  # requests it still applies to
     method: str | None = None
     path_contains: str | None = None  # matched against the request target, query included
+    user_agent_contains: str | None = None  # matched against the User-Agent header
     skip: int = 0  # matching requests to let through first
     status: int = 503
     code: str = ""
@@ -221,6 +223,9 @@ class FaultProxy(ConnectionServer):
             self.requests[method] += 1
             self.log.append((method, target, headers))
             for rule in self._rules:
+                agent = rule.user_agent_contains
+                if agent is not None and agent not in headers.get("user-agent", ""):
+                    continue
                 if rule.left > 0 and _matches(method, target, rule.method, rule.path_contains):
                     if rule.skip > 0:
                         rule.skip -= 1

@@ -1,0 +1,78 @@
+"""Uploads go with a condition on what the store held (fenced), and degrade where it cannot.
+
+Against the server under test, through the counting proxy: a new key goes with
+``If-None-Match: *``, an existing one with ``If-Match`` on its ETag; a store that answers 501
+to the headers gets the write again without them, and is remembered as such; the probe that
+``tiercache doctor --probe-writes`` runs leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.proxy import FaultProxy
+
+from tiercache import TierCacheFileSystem
+
+pytestmark = pytest.mark.partition
+
+
+@pytest.fixture
+def fs(s3: Any, proxy: FaultProxy, tmp_path: Path) -> TierCacheFileSystem:
+    return TierCacheFileSystem(
+        target_options={**s3.target_options(), "endpoint_url": proxy.url},
+        local_dir=str(tmp_path / "local"),
+        retries=1,
+        skip_instance_cache=True,
+    )
+
+
+def _puts(proxy: FaultProxy, key: str) -> list[dict[str, str]]:
+    return [h for m, t, h in proxy.log if m == "PUT" and t.endswith(f"/{key}")]
+
+
+def test_an_upload_goes_on_the_condition_of_what_the_store_held(
+    fs: TierCacheFileSystem, proxy: FaultProxy, bucket: str, s3_client: Any
+) -> None:
+    for version in (b"one", b"two"):
+        with fs.open(f"{bucket}/ckpt.pt", "wb") as f:
+            f.write(version)
+        fs.flush(timeout=60)
+    first, second = _puts(proxy, "ckpt.pt")
+    assert first.get("if-none-match") == "*" and "if-match" not in first
+    assert second.get("if-match") == f'"{hashlib.md5(b"one").hexdigest()}"'  # the ETag of one
+    assert s3_client.get_object(Bucket=bucket, Key="ckpt.pt")["Body"].read() == b"two"
+    metadata = s3_client.head_object(Bucket=bucket, Key="ckpt.pt")["Metadata"]
+    assert metadata["tiercache-generation"].isdigit()
+
+
+def test_a_store_that_refuses_the_headers_gets_the_write_without_them(
+    fs: TierCacheFileSystem, proxy: FaultProxy, bucket: str, s3_client: Any
+) -> None:
+    proxy.fail_next(1, status=501, code="NotImplemented", method="PUT")
+    with fs.open(f"{bucket}/a.bin", "wb") as f:
+        f.write(b"a")
+    fs.flush(timeout=60)
+    assert s3_client.get_object(Bucket=bucket, Key="a.bin")["Body"].read() == b"a"
+    refused, resent = _puts(proxy, "a.bin")
+    assert refused.get("if-none-match") == "*" and "if-none-match" not in resent
+    assert fs.store.conditional_writes(bucket) is False  # remembered for the bucket
+    with fs.open(f"{bucket}/b.bin", "wb") as f:
+        f.write(b"b")
+    fs.flush(timeout=60)
+    (plain,) = _puts(proxy, "b.bin")
+    assert "if-none-match" not in plain and "if-match" not in plain
+
+
+def test_the_probe_finds_the_servers_answer_and_leaves_nothing(
+    fs: TierCacheFileSystem, bucket: str, s3_client: Any
+) -> None:
+    honoured = fs.store.probe_conditional_writes(bucket, "ckpt/step-1/model.pt")
+    if not os.environ.get("TIERCACHE_TEST_S3_ENDPOINT"):
+        assert honoured  # SeaweedFS, the bundled server, honours them
+    assert s3_client.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+    assert s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
