@@ -20,7 +20,7 @@ from support.proxy import FaultProxy
 pytestmark = [pytest.mark.integration, pytest.mark.multinode, pytest.mark.partition]
 
 LEASE = 1.5  # lease_stale_after of both hosts
-ROUNDS = 4  # trials of each scenario
+ROUNDS = 5  # trials of each scenario
 
 
 def _hosts(
