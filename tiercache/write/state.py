@@ -552,7 +552,7 @@ class WriteState:
                 continue
             path = os.path.join(self.dir, name)
             try:
-                with open(path, "rb") as f:
+                with open(os.open(path, _READ), "rb") as f:
                     note = json.loads(f.read())
                 if now - float(note["at"]) > SUPERSEDED_KEPT:
                     remove_file(path)

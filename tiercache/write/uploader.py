@@ -502,7 +502,11 @@ class Uploader:
             self._stats.add("uploads_claim_lost")
             log.warning("%s: %s; that host finishes it", record.name, exc)
             return True
-        held = exc.held if isinstance(exc, AlreadyInStoreError) else self._look(record)
+        held = (
+            exc.held
+            if isinstance(exc, AlreadyInStoreError)
+            else look(self._store, record.bucket, record.key)
+        )
         verdict = outcome(record, held)
         if verdict is Outcome.RETRY:
             raise StoreUnavailableError(
@@ -520,9 +524,6 @@ class Uploader:
         self._stats.add("uploads_superseded")
         self._requeue_deferred()
         return True
-
-    def _look(self, record: Record) -> StoreVersion:
-        return look(self._store, record.bucket, record.key)
 
     def _abort_dead_multipart(self, entry_id: str) -> None:
         """A multipart upload recorded by an uploader that died holding this claim."""
