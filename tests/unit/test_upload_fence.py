@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tiercache import TierCacheFileSystem
+from tiercache.errors import ObjectChangedError
 from tiercache.store.memory import MemoryStore
 from tiercache.write.fence import upload_metadata
 from tiercache.write.state import Record
@@ -154,3 +155,24 @@ def test_an_outcome_never_rebuilds_a_record_another_process_ended(tmp_path: Path
     state.lost(record, "gone")
     assert state.records() == []
     fs.flush(timeout=30)
+
+
+class MisjudgingStore(MemoryStore):
+    """Answers ``If-None-Match: *`` with 412 even for a key it does not hold (Ceph RGW 16)."""
+
+    def _put(self, bucket: str, key: str, data: bytes, metadata: Any, condition: Any) -> Any:
+        if condition is not None and condition.etag is None and self.conditional:
+            raise ObjectChangedError(f"memory://{bucket}/{key}: precondition failed")
+        return super()._put(bucket, key, data, metadata, condition)
+
+
+def test_a_store_that_misjudges_a_condition_gets_the_write_without_conditions(
+    tmp_path: Path,
+) -> None:
+    store = MisjudgingStore(buckets=("b",))
+    fs = _fs(tmp_path, store)
+    _write(fs, b"v1" * 1000)
+    fs.flush(timeout=30)
+    assert _held(store) == b"v1" * 1000
+    assert store.conditional_writes("b") is False  # remembered: no 412 loop on every upload
+    assert fs.superseded() == []

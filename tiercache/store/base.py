@@ -140,6 +140,11 @@ class ObjectStore(Protocol):
         refused the headers (or a probe found them ignored)."""
         ...
 
+    def conditions_refused(self, bucket: str) -> None:
+        """The store refused (501) or misjudged (412 for a condition that held) a conditional
+        write in ``bucket``: send its writes without conditions from now on."""
+        ...
+
     def probe_conditional_writes(self, bucket: str, near_key: str = "") -> bool:
         """Whether the store refuses a PUT and a completion whose ``If-Match`` or
         ``If-None-Match`` fails, tried with a scratch object beside ``near_key``."""

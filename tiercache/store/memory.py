@@ -115,6 +115,9 @@ class MemoryStore(SendsParts):
     def probe_conditional_writes(self, bucket: str, near_key: str = "") -> bool:
         return self.conditional
 
+    def conditions_refused(self, bucket: str) -> None:
+        self.conditional = False
+
     def put_bytes(
         self,
         bucket: str,

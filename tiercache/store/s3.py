@@ -452,7 +452,7 @@ class S3Store(SendsParts):
         try:
             return send(condition_arguments(condition))
         except NotImplementedByStoreError:
-            self._conditions_refused(bucket)
+            self.conditions_refused(bucket)
             return send({})
 
     def conditional_writes(self, bucket: str, near_key: str = "") -> bool:
@@ -479,14 +479,16 @@ class S3Store(SendsParts):
             self._conditional[bucket] = honoured
         return honoured
 
-    def _conditions_refused(self, bucket: str) -> None:
+    def conditions_refused(self, bucket: str) -> None:
+        """The store refused conditional writes in ``bucket`` (501), or misjudged one (412 for
+        a condition that held): its writes go without conditions from now on."""
         with self._conditional_lock:
             known = self._conditional.get(bucket)
             self._conditional[bucket] = False
         if known is not False:
             log.warning(
-                "%s, bucket %s: the store refuses conditional writes; uploads are fenced by "
-                "their claim alone",
+                "%s, bucket %s: the store refuses or misjudges conditional writes; uploads are "
+                "fenced by their claim alone",
                 self.endpoint,
                 bucket,
             )

@@ -144,6 +144,15 @@ class UploadFence:
         when the store would not say."""
         return self._seen.result()
 
+    def misjudged(self) -> bool:
+        """After a 412: whether the store still holds exactly what the condition named, so
+        the refusal was the store's mistake, not another writer's version (Ceph RGW 16 answers
+        ``If-None-Match: *`` on a key it does not hold with 412)."""
+        seen = self.seen()
+        if seen is None:
+            return False
+        return look(self._store, self._record.bucket, self._record.key).etag == seen.etag
+
     def condition(self) -> WriteCondition | None:
         seen = self.seen()
         if seen is None:

@@ -618,14 +618,25 @@ class Uploader:
                     return streamed
             if xxh3_file(link) != (record.size, record.digest):
                 raise _BytesLostError("its bytes in the tier no longer match their digest")
-            info = self._store.upload_file(
-                record.bucket,
-                record.key,
-                link,
-                metadata=upload_metadata(record),
-                on_multipart=lambda upload_id: self._state.write_multipart(record, upload_id),
-                fence=fence,
-            )
+            try:
+                info = self._store.upload_file(
+                    record.bucket,
+                    record.key,
+                    link,
+                    metadata=upload_metadata(record),
+                    on_multipart=lambda upload_id: self._state.write_multipart(record, upload_id),
+                    fence=fence,
+                )
+            except ObjectChangedError as exc:
+                if not fence.misjudged():
+                    raise
+                # The store refused a condition that held: it cannot fence, so its writes go
+                # without conditions from now on (claim checks still fence them).
+                self._store.conditions_refused(record.bucket)
+                raise StoreUnavailableError(
+                    f"{record.name}: the store refused a condition that held; sent again "
+                    "without conditions"
+                ) from exc
             # On failure the record of a multipart upload stays: the next claimant aborts it
             # again, in case the store's own abort did not reach the store.
             self._state.clear_multipart(record.entry_id)
