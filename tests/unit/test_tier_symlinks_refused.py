@@ -23,6 +23,7 @@ from tiercache import MemoryStore, TierCacheFileSystem
 from tiercache.config import TierCacheConfig
 from tiercache.metrics.node import NodeReader
 from tiercache.metrics.publish import Publisher
+from tiercache.mount.control import state_path
 from tiercache.write.state import Record
 
 pytestmark = pytest.mark.partition
@@ -193,3 +194,24 @@ def test_a_record_planted_as_a_symlink_is_not_read_through(
     assert [row["name"] for row in fs.pending()] == ["b/k"]
     assert target.read_bytes() == foreign.to_json()
     assert sorted(p.name for p in outside.iterdir()) == ["record.json"]
+
+
+@pytest.mark.parametrize("tier", ["local", "shared"])
+def test_a_symlinked_metadata_directory_is_refused(
+    tmp_path: Path, store: GatedStore, outside: Path, tier: str
+) -> None:
+    # The listings kept for every host (shared) and this host's metadata cache (local).
+    _plant(tmp_path / tier, "metadata", outside)
+    with pytest.raises(PermissionError, match="symlink"):
+        fs = _fs(tmp_path, store, shared=True)
+        fs.ls("b/")
+    assert list(outside.iterdir()) == []
+
+
+def test_a_symlinked_mounts_directory_is_refused(tmp_path: Path, outside: Path) -> None:
+    # A mount's log and counters live in LOCAL/mounts.
+    (tmp_path / "local").mkdir()
+    _plant(tmp_path / "local", "mounts", outside)
+    with pytest.raises(PermissionError, match="symlink"):
+        state_path(str(tmp_path / "local"), str(tmp_path), "log")
+    assert list(outside.iterdir()) == []

@@ -33,7 +33,7 @@ from typing import Any, Literal
 from tiercache import forksafe
 from tiercache.metadata.freshness import Freshness
 from tiercache.tiers.entry import install, prepare_file, shard_dir
-from tiercache.tiers.local import LocalTier, remove_file
+from tiercache.tiers.local import LocalTier, make_tier_dir, remove_file
 from tiercache.tiers.locks import lock, unlock
 
 Known = Literal["file", "directory", "absent", "no-object"]
@@ -150,9 +150,8 @@ class MetadataCache:
         self.freshness = Freshness(consistency, ttl, clock)
         # Called by ``invalidate`` too: the shared tier's listings (``SharedListings``).
         self.also_invalidate: Callable[[str, list[str]], None] | None = None
-        os.makedirs(self.dir, mode=dir_mode, exist_ok=True)
-        if os.path.islink(self.dir):
-            raise PermissionError(13, "the metadata directory is a symlink", self.dir)
+        os.makedirs(root, mode=dir_mode, exist_ok=True)
+        make_tier_dir(root, "metadata", dir_mode)
         self._shards_ready: set[str] = set()
         # Listings parsed in this process, by path, reused while the file is the same one.
         self._parsed: OrderedDict[str, _Record] = OrderedDict()

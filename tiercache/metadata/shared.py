@@ -38,7 +38,7 @@ from tiercache.metadata.freshness import Freshness
 from tiercache.metadata.rows import store_rows
 from tiercache.store.base import ObjectStore
 from tiercache.tiers.entry import install, prepare_file, read_small_file, shard_dir
-from tiercache.tiers.local import LocalTier, remove_file
+from tiercache.tiers.local import LocalTier, make_tier_dir, remove_file
 from tiercache.tiers.shared import SharedTier
 
 _STAMP = "stamp"
@@ -132,7 +132,7 @@ class SharedListings:
         lock_timeout: float,
         proofs: ListingProofs | None = None,
     ) -> None:
-        self.dir = os.path.join(shared.root, "metadata")
+        self.dir = make_tier_dir(shared.root, "metadata", shared.dir_mode)
         self._leases = shared.leases
         self._file_mode = shared.file_mode
         self._dir_mode = shared.dir_mode

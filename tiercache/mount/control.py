@@ -16,6 +16,7 @@ from typing import Any
 from tiercache.errors import TierCacheError
 from tiercache.mount.library import fusermount_path
 from tiercache.processes import is_alive
+from tiercache.tiers.local import make_tier_dir
 
 FSTYPE = "fuse.tiercache"
 READY_TIMEOUT = 30.0
@@ -103,8 +104,8 @@ def check_mountpoint(mountpoint: str) -> str:
 def state_path(local_dir: str, mountpoint: str, suffix: str) -> str:
     """A file of the mount's own under the local tier: its log or its counters."""
     digest = hashlib.sha256(os.path.realpath(mountpoint).encode()).hexdigest()[:16]
-    directory = os.path.join(local_dir, "mounts")
-    os.makedirs(directory, mode=0o700, exist_ok=True)
+    os.makedirs(local_dir, mode=0o700, exist_ok=True)
+    directory = make_tier_dir(local_dir, "mounts", 0o700)  # never written through a link
     return os.path.join(directory, f"{digest}.{suffix}")
 
 
