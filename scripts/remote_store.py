@@ -231,7 +231,9 @@ class _Upstream:
         """The open connection, or a new one if there is none or the store closed it."""
         if self.sock is not None and self.rfile is not None:
             # Readable while idle means EOF (or junk): the store dropped it; do not reuse.
-            if not select.select([self.sock], [], [], 0)[0]:
+            idle = select.poll()  # poll, not select: descriptors may be numbered past 1024
+            idle.register(self.sock, select.POLLIN)
+            if not idle.poll(0):
                 return self.sock, self.rfile
             self.close()
         sock = socket.create_connection(self._address)

@@ -158,8 +158,10 @@ class HostProcess:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"no reply from the process on {self.host} in {timeout} s")
-            readable, _, _ = select.select([self.proc.stdout], [], [], left)
-            if not readable:
+            # poll, not select: a long test session holds descriptors numbered past 1024.
+            poller = select.poll()
+            poller.register(self.proc.stdout, select.POLLIN)
+            if not poller.poll(left * 1000):
                 continue
             line = self.proc.stdout.readline()
             if not line:

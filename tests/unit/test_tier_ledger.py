@@ -25,8 +25,15 @@ def _tier(root: Path, budget: int = 10 * MiB) -> LocalTier:
     return LocalTier(str(root), budget)
 
 
+def _other_process(root: Path, budget: int = 10 * MiB) -> LocalTier:
+    """The tier as another process sees it: an open file and slot of the ledger of its own
+    (the tiers of one process share one: ``ledger_at``)."""
+    root.mkdir(parents=True, exist_ok=True)
+    return LocalTier(str(root), budget, ledger=NodeLedger(str(root / "ledger"), 0o600))
+
+
 def test_a_reservation_counts_in_every_process_of_the_tier(tmp_path: Path) -> None:
-    one, other = _tier(tmp_path / "tier"), _tier(tmp_path / "tier")
+    one, other = _tier(tmp_path / "tier"), _other_process(tmp_path / "tier")
     assert isinstance(one.ledger, NodeLedger)
     assert one.usage() == other.usage() == 0
     one.reserve(3 * MiB)
@@ -46,7 +53,7 @@ def _plant_entry(tier: LocalTier, key: str, nbytes: int) -> str:
 
 def test_eviction_makes_room_for_the_other_processes_fetches(tmp_path: Path) -> None:
     root = tmp_path / "tier"
-    fetching, other = _tier(root, 4 * MiB), _tier(root, 4 * MiB)
+    fetching, other = _tier(root, 4 * MiB), _other_process(root, 4 * MiB)
     data = _plant_entry(other, "old", MiB)
     other.reserve(3 * MiB)  # 1 + 3: the budget, nothing to evict
     assert os.path.exists(data)
@@ -126,7 +133,7 @@ def test_a_planted_link_is_not_followed(tmp_path: Path) -> None:
 
 
 def test_the_prefetch_window_is_one_for_the_node(tmp_path: Path) -> None:
-    one, other = _tier(tmp_path / "tier"), _tier(tmp_path / "tier")
+    one, other = _tier(tmp_path / "tier"), _other_process(tmp_path / "tier")
     mine = Budget(4 * MiB, node=one.ledger)
     theirs = Budget(4 * MiB, node=other.ledger)
     mine.charge(3 * MiB)

@@ -302,14 +302,28 @@ class NodeLedger:
         return total
 
 
+# The ledgers open in this process, by the real path of their file: the tiers of several
+# filesystems on one root share one (an open file each would be a descriptor each, kept for
+# as long as the filesystem lives).
+_opened: weakref.WeakValueDictionary[str, NodeLedger] = weakref.WeakValueDictionary()
+_opened_lock = threading.Lock()
+
+
 def ledger_at(path: str, file_mode: int) -> Ledger:
     """The node's ledger file at ``path`` (made if missing); where it cannot be used (a
     planted link, a read-only tier, no open-file-description locks: not Linux), this
     process's own count, with a warning."""
     if not hasattr(fcntl, "F_OFD_SETLK"):
         return ProcessLedger()
+    key = os.path.realpath(path)
+    with _opened_lock:  # one open file (and slot) per ledger in a process, however many tiers
+        known = _opened.get(key)
+        if known is not None:
+            return known
     try:
-        return NodeLedger(path, file_mode)
+        ledger = NodeLedger(path, file_mode)
+        with _opened_lock:
+            return _opened.setdefault(key, ledger)
     except OSError as exc:
         log.warning(
             "cannot use the tier's ledger %s (%s): this process counts the tier's budget alone",
