@@ -144,8 +144,9 @@ class _Rank:
         assert self.proc.stdout is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            readable, _, _ = select.select([self.proc.stdout], [], [], 1.0)
-            if readable:
+            waiting = select.poll()  # poll, not select: descriptors may be numbered past 1024
+            waiting.register(self.proc.stdout, select.POLLIN)
+            if waiting.poll(1000):
                 line = self.proc.stdout.readline()
                 if not line:
                     return f"exited {self.proc.wait()}"

@@ -106,8 +106,9 @@ def _read_until(fd: int, want: bytes, timeout: float = 60.0) -> bytes:
     deadline = time.monotonic() + timeout
     while want not in seen:
         assert time.monotonic() < deadline, seen
-        ready, _, _ = select.select([fd], [], [], 0.5)
-        if ready:
+        waiting = select.poll()  # poll, not select: descriptors may be numbered past 1024
+        waiting.register(fd, select.POLLIN)
+        if waiting.poll(500):
             try:
                 chunk = os.read(fd, 4096)
             except OSError:  # the child closed the terminal
