@@ -17,6 +17,7 @@ import pytest
 from support.proxy import FaultProxy
 
 from tiercache import TierCacheFileSystem
+from tiercache.errors import StoreUnavailableError
 
 pytestmark = pytest.mark.partition
 
@@ -86,3 +87,17 @@ def test_the_probe_finds_the_servers_answer_and_leaves_nothing(
         assert honoured  # SeaweedFS, the bundled server, honours them
     assert s3_client.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
     assert s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+
+def test_a_probe_that_cannot_reach_the_store_concludes_nothing(
+    fs: TierCacheFileSystem, proxy: FaultProxy, bucket: str
+) -> None:
+    # The second request of the probe (a create that must be refused) loses its connection,
+    # and the one attempt the filesystem allows is spent: not an answer about the headers.
+    proxy.reset_next(1, method="PUT", path_contains=".tiercache-probe-", skip=1)
+    with pytest.raises(StoreUnavailableError):
+        fs.store.probe_conditional_writes(bucket, "ckpt/step-1/model.pt")
+    assert fs.store.conditional_writes(bucket)  # still sent with conditions
+    assert fs.store.probe_conditional_writes(bucket, "ckpt/step-1/model.pt") or os.environ.get(
+        "TIERCACHE_TEST_S3_ENDPOINT"
+    )

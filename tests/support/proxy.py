@@ -69,6 +69,11 @@ def _read_head(rfile: BinaryIO) -> tuple[bytes, str, Headers]:
     return b"".join(raw) + b"\r\n", first.decode("latin-1").strip(), headers
 
 
+def _has_body(headers: Headers) -> bool:
+    chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+    return chunked or headers.get("content-length", "0") != "0"
+
+
 def _copy_body(
     rfile: BinaryIO,
     headers: Headers,
@@ -238,7 +243,9 @@ class FaultProxy(ConnectionServer):
         """Serve one request; False when the client connection must close."""
         head, line, headers = _read_head(rfile)
         method, target = line.split(" ")[:2]
-        expect = headers.get("expect", "").lower() == "100-continue"
+        # A request with an empty body has nothing to wait for: the store answers it at once
+        # (no 100 Continue) and the connection stays usable, as for any other request.
+        expect = headers.get("expect", "").lower() == "100-continue" and _has_body(headers)
         rule = self._pick(method, target, headers)
         if self._delay:
             self._stop.wait(self._delay)

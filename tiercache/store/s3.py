@@ -25,7 +25,6 @@ from tiercache.errors import (
     NotImplementedByStoreError,
     ObjectChangedError,
     StoreError,
-    TierCacheError,
 )
 from tiercache.store.base import ListEntry, ObjectInfo, WriteCondition, WriteFence
 from tiercache.store.conditional import condition_arguments, probe_conditional_writes
@@ -465,16 +464,13 @@ class S3Store(SendsParts):
 
     def probe_conditional_writes(self, bucket: str, near_key: str = "") -> bool:
         """Whether the store refuses a PUT and a completion whose condition fails, tried with
-        a scratch object beside ``near_key`` (``store/conditional.py``); remembered."""
+        a scratch object beside ``near_key`` (``store/conditional.py``); remembered. A store
+        that cannot be reached raises ``StoreUnavailableError`` and nothing is remembered."""
 
-        def call(request: Callable[[Any], Any]) -> Any:
-            return self._call("ProbeConditionalWrites", bucket, near_key, request)
+        def call(op: str, request: Callable[[Any], Any]) -> Any:
+            return self._call(op, bucket, near_key, request)
 
-        try:
-            honoured = probe_conditional_writes(call, bucket, near_key)
-        except TierCacheError as exc:
-            log.info("s3://%s: conditional writes not usable (%s)", bucket, exc)
-            honoured = False
+        honoured = probe_conditional_writes(call, bucket, near_key)
         with self._conditional_lock:
             self._conditional[bucket] = honoured
         return honoured

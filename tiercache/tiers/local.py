@@ -36,6 +36,7 @@ import re
 import stat
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -82,6 +83,10 @@ class BlockPaths:
     data: str
     log: str
     meta: str
+
+
+# Publications of this process an eviction pass can tell apart from what its scan saw.
+_PUBLICATIONS_KEPT = 4096
 
 
 @dataclass(frozen=True)
@@ -147,6 +152,10 @@ class LocalTier:
         self._scan_cache: tuple[float, int, int] | None = None
         self._scanning = False  # a thread is scanning for ``usage``
         self.ledger = ledger or ledger_at(os.path.join(self.root, "ledger"), file_mode)
+        # This process's latest publications, numbered: (number, entry id, bytes). An eviction
+        # pass knows which of those its scan saw, and counts them once (see ``evict``).
+        self._publications: deque[tuple[int, str, int]] = deque(maxlen=_PUBLICATIONS_KEPT)
+        self._publication_count = 0
         forksafe.register(self)
 
     def after_fork(self) -> None:
@@ -389,8 +398,12 @@ class LocalTier:
             self._remember_meta(
                 paths.meta, (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size), meta
             )
-        self.count_published(meta.size, reserved)
-        return CachedEntry(os.path.basename(paths.data)[:64], paths, meta)
+        entry_id = os.path.basename(paths.data)[:64]
+        with self._lock:  # counted and noted in one step (see ``evict``)
+            self.count_published(meta.size, reserved)
+            self._publication_count += 1
+            self._publications.append((self._publication_count, entry_id, meta.size))
+        return CachedEntry(entry_id, paths, meta)
 
     def count_published(self, nbytes: int, reserved: int = 0) -> None:
         """``nbytes`` now take the tier's space as published bytes (an entry, or a pending
@@ -603,11 +616,14 @@ class LocalTier:
         cached usage may count a concurrent publish twice: it only suggests a pass).
         ``less_reserved``: both bounds less what the scan cannot show (``unseen``): the bytes
         every process of the node reserved for its fetches, as reserved once the scan is done,
-        and the entries published while it ran (a fetch's bytes stop being reserved as its
-        publication is counted, after its rename: one the scan saw counts twice, for that
-        moment, and eviction goes early rather than late; none goes uncounted).
+        and the entries published while it ran that it did not see (a fetch's bytes stop being
+        reserved as its publication is counted, after its rename). This process knows which of
+        its own publications the scan saw; another process's, seen by the scan, count twice
+        for that moment, and eviction goes early rather than late; none goes uncounted.
         """
-        before = self.ledger.totals()[0]
+        with self._lock:  # as ``publish`` counts and notes a publication
+            before = self.ledger.totals()[0]
+            mark = self._publication_count
         rows = sorted(self._scan(count_parts), key=lambda r: r.last_access)
         hints = self.next_use
         ranked, known = (rows, {}) if hints is None else hints.rank(rows)
@@ -616,7 +632,8 @@ class LocalTier:
         busy: set[str] = set()
         if less_reserved:
             published, reserved = self.ledger.totals()
-            report.unseen = reserved + published - before
+            seen = self._published_since(mark, rows)
+            report.unseen = reserved + published - before - seen
             target_bytes = max(0, target_bytes - report.unseen)
             start_above = None if start_above is None else start_above - report.unseen
         if (
@@ -658,6 +675,16 @@ class LocalTier:
         else:
             self._cache_scan(usage, before)
         return report
+
+    def _published_since(self, mark: int, rows: list[_ScanRow]) -> int:
+        """Bytes of this process's publications after number ``mark`` that ``rows`` (a scan)
+        hold; 0 if some of those are no longer noted (then none is taken off)."""
+        with self._lock:
+            since = [p for p in self._publications if p[0] > mark]
+        if not since or since[0][0] != mark + 1:
+            return 0
+        scanned = {row.entry_id for row in rows}
+        return sum(nbytes for _, entry_id, nbytes in since if entry_id in scanned)
 
     def _evict_one(self, row: _ScanRow, dry_run: bool) -> int | None:
         """Remove one entry, if nothing holds it; the bytes that freed (measured under the
