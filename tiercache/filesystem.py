@@ -340,6 +340,9 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
         only when nothing is pending under the prefix: an upload that ends later changes it.
         """
         records = self._runtime.write_behind.pending(f"{bucket}/{prefix}")
+        proofs = self._runtime.listing_proofs
+        if records and proofs is not None:  # another user's host may have written them
+            proofs.check(bucket, prefix)
         live = [r for r in records if r.state != "lost"]
         pending = pending_rows(live, bucket, prefix, nested=recursive)
         listed = self._meta.listing(bucket, prefix, recursive)

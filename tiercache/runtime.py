@@ -54,6 +54,9 @@ class CacheRuntime:
     write_through: WriteThrough
     write_path: WritePath
     prefetch: PrefetchEngine
+    # Whether this process may list a prefix, before another host's pending writes under it
+    # are merged into a listing (``shared_auth=store``; None: not asked).
+    listing_proofs: ListingProofs | None = None
 
 
 # Weak: a runtime lives as long as some filesystem instance uses it.
@@ -114,6 +117,7 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
         lock_timeout=config.lock_timeout,
     )
     shared_listings = None
+    proofs = None
     if shared is not None:
         # Group-readable listings another user kept are served once the store let this
         # process's own credentials list the same prefix (``shared_auth``), as bytes are.
@@ -161,6 +165,7 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
         write_through=write_through,
         write_path=write_path,
         prefetch=PrefetchEngine(config, read_path, tier, store, stats),
+        listing_proofs=proofs if staging is not tier else None,
     )
     # The node's metrics (``tiercache metrics``) count this cache's work while it lives.
     counters = publish.cache_counters(stats, store)

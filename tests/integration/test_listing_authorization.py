@@ -5,12 +5,15 @@ host with the same ``shared_dir``, has credentials of its own (the bundled serve
 identity, which may read and list only ``tc-reader-*`` buckets). B's ``ls``, ``find``,
 ``exists`` and ``info`` of A's bucket are refused as the store refuses them, with none of A's
 names; of a bucket B may list, they are served from A's listing for one request of B's own.
+The same holds for a write of A's still waiting for its upload in the shared journal
+(``write_tier="shared"``): its bytes, size and name.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,9 @@ import pytest
 from support.s3server import S3Endpoint, s3server
 
 from tiercache import TierCacheFileSystem
-from tiercache.errors import AccessDeniedError
+from tiercache.errors import AccessDeniedError, StoreUnavailableError
+from tiercache.store.s3 import S3Store
+from tiercache.store.s3_options import S3Options
 
 pytestmark = pytest.mark.partition
 
@@ -141,3 +146,91 @@ def test_a_user_the_store_lets_list_is_served_the_shared_listing_for_one_request
     # Another prefix is another request: what B may list is asked prefix by prefix.
     assert fs.find(bucket) == [f"{bucket}/{k}" for k in sorted(KEYS)]
     assert fs.store.request_counts() == {"ListObjectsV2": 2}
+
+
+PENDING = "data/new-5e1a.bin"  # written by A, its upload refused: pending in the shared tier
+
+
+class HeldUploads(S3Store):
+    """User A's store: its uploads wait, then fail (the write stays pending, and never lands
+    in a bucket the test removes after)."""
+
+    def __init__(self, options: S3Options, released: threading.Event) -> None:
+        super().__init__(options)
+        self._released = released
+        self.uploading = threading.Event()  # A's uploader holds the upload's claim
+
+    def upload_file(self, *args: Any, **kwargs: Any) -> Any:
+        self.uploading.set()
+        self._released.wait(120)
+        raise StoreUnavailableError("held by the test")
+
+
+@pytest.fixture
+def released() -> Iterator[threading.Event]:
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def _pending_write_of_a(
+    s3: S3Endpoint, bucket: str, root: Path, released: threading.Event
+) -> bytes:
+    options = S3Options(endpoint_url=s3.endpoint, key=s3.key, secret=s3.secret, region=s3.region)
+    store = HeldUploads(options, released)
+    owner = TierCacheFileSystem(
+        store=store,
+        local_dir=str(root / "host0-local"),
+        shared_dir=str(root / "shared"),
+        host_id="host0",
+        shared_file_mode=0o660,
+        write_tier="shared",
+        skip_instance_cache=True,
+    )
+    body = b"new-5e1a" * 64
+    with owner.open(f"{bucket}/{PENDING}", "wb") as f:
+        f.write(body)
+    assert [row["name"] for row in owner.pending()] == [f"{bucket}/{PENDING}"]
+    assert store.uploading.wait(30)  # so no other host's uploader takes it
+    return body
+
+
+PENDING_ASKS: dict[str, Callable[[TierCacheFileSystem, str], object]] = {
+    "cat": lambda fs, b: fs.cat_file(f"{b}/{PENDING}"),
+    "open": lambda fs, b: fs.open(f"{b}/{PENDING}", "rb").read(),
+    "info": lambda fs, b: fs.info(f"{b}/{PENDING}"),
+    "exists": lambda fs, b: fs.exists(f"{b}/{PENDING}"),
+    "ls": lambda fs, b: fs.ls(f"{b}/data"),
+    "find": lambda fs, b: fs.find(b),
+}
+
+
+def test_a_user_the_store_refuses_gets_nothing_of_another_users_pending_write(
+    s3: S3Endpoint,
+    bucket: str,
+    reader: S3Endpoint,
+    tmp_path: Path,
+    released: threading.Event,
+) -> None:
+    _pending_write_of_a(s3, bucket, tmp_path, released)
+    for host, (what, ask) in enumerate(PENDING_ASKS.items(), start=1):
+        fs = _user_fs(reader, tmp_path, host, write_tier="shared")
+        with pytest.raises(PermissionError):
+            got = ask(fs, bucket)
+            pytest.fail(f"{what} of A's pending write was served to user B: {got!r}")
+
+
+def test_a_user_the_store_lets_read_gets_another_users_pending_write(
+    s3: S3Endpoint,
+    reader_bucket: str,
+    reader: S3Endpoint,
+    tmp_path: Path,
+    released: threading.Event,
+) -> None:
+    bucket = reader_bucket
+    body = _pending_write_of_a(s3, bucket, tmp_path, released)
+    fs = _user_fs(reader, tmp_path, 1, write_tier="shared")
+    assert fs.cat_file(f"{bucket}/{PENDING}") == body  # the store answered B's HEAD: 404
+    assert fs.info(f"{bucket}/{PENDING}")["size"] == len(body)
+    assert fs.store.request_counts() == {"HeadObject": 1}  # once per ttl per object
+    assert fs.ls(f"{bucket}/data", detail=False) == [f"{bucket}/{PENDING}"]

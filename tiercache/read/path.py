@@ -111,8 +111,9 @@ class ReadPath:
         entry = self.cached(bucket, key)
         if entry is None and self.pending_tier is not self._tier:
             entry = self._lookup(self.pending_tier, bucket, key) or self._pending(bucket, key)
-            if entry is not None and entry.meta.state != "dirty":
+            if entry is None or entry.meta.state != "dirty":
                 return None
+            self._authorize_pending(entry, bucket, key)
         return entry
 
     def cached_shared(self, bucket: str, key: str) -> CachedEntry | None:
@@ -199,6 +200,8 @@ class ReadPath:
         entry = self._pending(bucket, key)
         if entry is None:
             return None
+        if self.pending_tier is not self._tier:
+            self._authorize_pending(entry, bucket, key)
         opened = self._open_entry(self.pending_tier, entry, "hits", bucket, key)
         if opened is None:
             raise CacheCorruptError(
@@ -368,6 +371,21 @@ class ReadPath:
         except ObjectNotFoundError:
             self._drop(self._fill_tier, entry)
             raise
+        self._authorized[entry.entry_id] = time.time()
+
+    def _authorize_pending(self, entry: CachedEntry, bucket: str, key: str) -> None:
+        """Ask the store whether this reader may read a write pending in the shared tier
+        (``shared_auth=store``): another user's host may have written it. Served once the
+        store answered this process's HEAD of the key, a 404 included (not uploaded yet: the
+        store still judged the credentials); raises ``PermissionError`` on a refusal. At most
+        once per ``ttl`` per object and process, as for a shared entry."""
+        if self._config.shared_auth_mode == "trust":
+            return
+        asked = self._authorized.get(entry.entry_id)
+        if asked is not None and time.time() - asked < self._config.ttl:
+            return
+        with contextlib.suppress(ObjectNotFoundError):
+            self._store.head(bucket, key)
         self._authorized[entry.entry_id] = time.time()
 
     def in_flight(self, bucket: str, key: str) -> Fetch | None:
