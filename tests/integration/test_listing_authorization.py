@@ -22,7 +22,7 @@ import pytest
 from support.s3server import S3Endpoint, s3server
 
 from tiercache import TierCacheFileSystem
-from tiercache.errors import AccessDeniedError, StoreUnavailableError
+from tiercache.errors import AccessDeniedError, CacheTimeoutError, StoreUnavailableError
 from tiercache.store.s3 import S3Store
 from tiercache.store.s3_options import S3Options
 
@@ -234,3 +234,25 @@ def test_a_user_the_store_lets_read_gets_another_users_pending_write(
     assert fs.info(f"{bucket}/{PENDING}")["size"] == len(body)
     assert fs.store.request_counts() == {"HeadObject": 1}  # once per ttl per object
     assert fs.ls(f"{bucket}/data", detail=False) == [f"{bucket}/{PENDING}"]
+
+
+def test_another_users_pending_write_is_left_to_that_user(
+    s3: S3Endpoint,
+    reader_bucket: str,
+    reader: S3Endpoint,
+    tmp_path: Path,
+    released: threading.Event,
+) -> None:
+    # A's write waits in the shared journal, its record owned by another uid than this
+    # process's (chown: what a write by another OS user leaves). B's uploader, with B's
+    # credentials (no write to the bucket), must neither upload it nor record it as failed.
+    bucket = reader_bucket
+    _pending_write_of_a(s3, bucket, tmp_path, released)
+    record = next((tmp_path / "shared" / "journal").glob("*.json"))
+    os.chown(record, 65534, -1)
+    released.set()  # A's held upload fails; its uploader leaves the record alone now
+    fs = _user_fs(reader, tmp_path, 1, write_tier="shared")
+    with pytest.raises(CacheTimeoutError):
+        fs.flush(timeout=3)
+    assert "PutObject" not in fs.store.request_counts()
+    assert [row["state"] for row in fs.pending()] == ["dirty"]  # left to its own user

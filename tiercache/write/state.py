@@ -188,6 +188,16 @@ class WriteState:
         with open(fd, "rb") as f:
             return Record.from_json(f.read())
 
+    def written_by_this_user(self, entry_id: str) -> bool:
+        """Whether the object's record file belongs to this process's user (True without
+        one). A group-shared journal holds other users' writes: they go to the store with
+        their writers' credentials, on their hosts, never with this process's."""
+        try:
+            st = os.stat(self.path(entry_id, "json"), follow_symlinks=False)
+        except FileNotFoundError:
+            return True
+        return st.st_uid == os.geteuid()
+
     def record_ids(self) -> list[str]:
         """Entry ids of every record file, readable or not."""
         names = os.listdir(self.dir)

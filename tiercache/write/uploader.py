@@ -445,6 +445,8 @@ class Uploader:
 
     def _upload_one(self, entry_id: str) -> bool:
         """Upload one object if its claim is free; False when it was not."""
+        if not self._state.written_by_this_user(entry_id):
+            return True  # another user's write: not this process's to upload, fail or abort
         claim = self._state.try_claim(entry_id)
         if claim is None:  # another thread or process is uploading it (maybe an older version)
             with self._cond:
