@@ -6,6 +6,34 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${TIERCACHE_VENV:-$ROOT/.venv}
 PYTHON=${PYTHON:-python3}
+# How long an apt-get waits for another apt or dpkg to let go of its lock (an unattended
+# upgrade at boot holds it for minutes) before the install is given up.
+APT_LOCK_WAIT=${TIERCACHE_APT_LOCK_WAIT:-300}
+
+# apt-get update, then install PACKAGES, quietly. A locked apt is tried again every 5 s for
+# APT_LOCK_WAIT seconds; a failure prints apt's own error lines (why), not just that it failed.
+bootstrap_apt_install() {
+  local out deadline
+  out=$(mktemp)
+  deadline=$((SECONDS + APT_LOCK_WAIT))
+  while true; do
+    if { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"; } \
+      >"$out" 2>&1; then
+      rm -f "$out"
+      return 0
+    fi
+    if ! grep -qiE 'could not get lock|unable to (acquire|lock)' "$out" || [ "$SECONDS" -ge "$deadline" ]; then
+      break
+    fi
+    echo "bootstrap: apt is locked by another apt or dpkg; trying again in 5 s" >&2
+    sleep 5
+  done
+  # apt says why in lines of its own ("E: ..."); otherwise its last lines are the reason.
+  { grep -E '^(E|W|dpkg|Err):' "$out" || tail -n 5 "$out"; } | sed 's/^/bootstrap:   apt: /' >&2
+  rm -f "$out"
+  return 1
+}
+
 if [ ! -x "$VENV/bin/python" ]; then
   echo "bootstrap: creating $VENV" >&2
   "$PYTHON" -m venv "$VENV"
@@ -17,8 +45,7 @@ fi
 if ! command -v fusermount3 >/dev/null 2>&1 || ! ldconfig -p 2>/dev/null | grep -q 'libfuse3\.so'; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "bootstrap: installing fuse3 (libfuse 3 and fusermount3) for the mount tests" >&2
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3; } \
-      >/dev/null 2>&1 || echo "bootstrap: could not install fuse3; mount tests will skip" >&2
+    bootstrap_apt_install fuse3 || echo "bootstrap: could not install fuse3; mount tests will skip" >&2
   else
     echo "bootstrap: fuse3 is missing (apt-get install fuse3); mount tests will skip" >&2
   fi
@@ -33,8 +60,7 @@ fi
 # The mount benchmark compares with fio (psync); rsync is one of the tools the mount tests run.
 for tool in fio rsync; do
   if ! command -v "$tool" >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$tool"; } \
-      >/dev/null 2>&1 || echo "bootstrap: could not install $tool" >&2
+    bootstrap_apt_install "$tool" || echo "bootstrap: could not install $tool" >&2
   fi
 done
 # The PyTorch adapters' tests need torch. PyPI's default Linux build drags in gigabytes of

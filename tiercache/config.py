@@ -21,7 +21,7 @@ from typing import Any, Literal, get_args
 
 from fsspec.registry import available_protocols
 
-from tiercache.errors import ConfigError
+from tiercache.errors import ConfigError, UnknownOptionError
 
 Consistency = Literal["immutable", "ttl", "always"]
 WriteMode = Literal["behind", "through"]
@@ -373,11 +373,13 @@ class TierCacheConfig:
     ) -> TierCacheConfig:
         """Build a config from keyword options, falling back to ``TIERCACHE_*`` variables.
 
-        Keys that are not options are ignored (see ``accepted_options``); a bad value of an
-        option raises ``ConfigError``.
+        Keys of other layers are ignored, and a key close to an option's name raises
+        ``UnknownOptionError`` (see ``accepted_options``); a bad value of an option raises
+        ``ConfigError``.
         """
         environ = os.environ if environ is None else environ
-        options = accepted_options(options, {f.name for f in dataclasses.fields(cls)}, "tiercache")
+        known = {f.name for f in dataclasses.fields(cls)}
+        options = accepted_options(options, known, "tiercache", typos="raise")
         values: dict[str, Any] = {}
         for field in dataclasses.fields(cls):
             env_name = "TIERCACHE_" + field.name.upper()
@@ -413,13 +415,18 @@ TYPO_CUTOFF = 0.75
 
 
 def accepted_options(
-    options: Mapping[str, Any], known: Collection[str], owner: str
+    options: Mapping[str, Any],
+    known: Collection[str],
+    owner: str,
+    typos: Literal["warn", "raise"] = "warn",
 ) -> dict[str, Any]:
     """The entries of ``options`` that ``known`` names; the others are ignored.
 
     Clients put keys of their own in storage options (HF ``datasets`` adds ``hf``, zarr
     ``asynchronous``, a rebuilt chained URL ``fo`` and ``target_*``), so an unknown key is no
-    error. One that looks like a typo of a known name gets a ``UserWarning`` naming both.
+    error. One that looks like a typo of a known name is named with the option meant: with
+    ``typos="raise"`` in an ``UnknownOptionError`` (the option would silently keep its
+    default: a mistyped budget reads on with the default one), else in a ``UserWarning``.
     """
     accepted: dict[str, Any] = {}
     protocols: set[str] | None = None
@@ -434,6 +441,8 @@ def accepted_options(
         if name in protocols:  # another filesystem's options, e.g. ``hf={...}``
             continue
         close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=TYPO_CUTOFF)
+        if close and typos == "raise":
+            raise UnknownOptionError(f"unknown {owner} option {name!r}: did you mean {close[0]!r}?")
         if close:
             warnings.warn(
                 f"unknown {owner} option {name!r} ignored: did you mean {close[0]!r}?",

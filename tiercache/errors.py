@@ -5,6 +5,8 @@ the matching built-in so that callers' ``except FileNotFoundError`` clauses keep
 
     TierCacheError(Exception)
     ├── ConfigError(ValueError)              an option has a bad value; the message names it
+    │   ├── UnknownOptionError(TypeError)    a keyword is no option, and close to one's name
+    │   └── TierDirError(OSError)            a tier's directory cannot be made or used
     ├── ObjectNotFoundError(FileNotFoundError)   no such bucket or key
     ├── AccessDeniedError(PermissionError)   the store refused the credentials or the action
     ├── StoreError(OSError)                  the store answered with an error we do not retry
@@ -32,6 +34,20 @@ class TierCacheError(Exception):
 
 class ConfigError(TierCacheError, ValueError):
     """An option has a bad value; the message names the option."""
+
+
+class UnknownOptionError(ConfigError, TypeError):
+    """A keyword argument is no option, and so close to an option's name that it is taken for
+    a typo of it (as Python answers an unexpected keyword); the message names both."""
+
+
+class TierDirError(OSError, ConfigError):
+    """A tier's directory (``local_dir``, ``shared_dir``) cannot be made or used; the message
+    names the option, the path and what is in the way. ``errno`` and ``filename`` are those
+    of the failed call."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 class ObjectNotFoundError(TierCacheError, FileNotFoundError):

@@ -76,7 +76,8 @@ class TierCacheFileSystem(AsyncFace, _Chained):  # type: ignore[misc]
     URL): ``endpoint_url``, ``key``, ``secret``, ``token``, ``profile``, ``region``,
     ``addressing_style``, ``anon``, ``client_kwargs``, ``config_kwargs``. fsspec's own keyword
     arguments (``asynchronous``, ``loop``, ``batch_size``, ``skip_instance_cache`` …) are
-    accepted; other keys are ignored, a likely typo of an option with a ``UserWarning``.
+    accepted; a likely typo of an option raises ``UnknownOptionError`` naming the option
+    meant, other keys are ignored.
 
     With ``asynchronous=True`` (what zarr and xarray ask for) the coroutine methods are the
     API: each runs the blocking method in a pool of ``async_threads`` threads. Both faces share

@@ -284,7 +284,8 @@ def _filesystem_section() -> list[str]:
         "",
         "fsspec's own keyword arguments (`skip_instance_cache`, `use_listings_cache`,",
         "`listings_expiry_time`, `max_paths`, …) are accepted; any other key that is not an",
-        "option is ignored, with a `UserWarning` when it looks like a typo of one",
+        "option is ignored, unless it looks like a typo of one: that is an `UnknownOptionError`",
+        "(a `ConfigError` and a `TypeError`) naming the option meant",
         "([Option keys that are not options](../guide/urls-and-options.md#as-a-chained-url)).",
     ]
     return out

@@ -93,11 +93,11 @@ def test_the_former_protocol_name_works_in_a_chained_url(
         assert f.read() == b"alias"
 
 
-def test_foreign_keys_are_ignored_and_typos_warn(
+def test_foreign_keys_are_ignored_and_typos_are_named(
     s3: Any, s3_client: Any, bucket: str, tmp_path: Path
 ) -> None:
     s3_client.put_object(Bucket=bucket, Key="obj", Body=b"tolerant")
-    options = _storage_options(s3, tmp_path / "tier", consistancy="immutable")
+    options = _storage_options(s3, tmp_path / "tier")
     # What HF datasets' DownloadConfig adds to the caller's storage options.
     options["hf"] = {"endpoint": "https://huggingface.co", "token": None}
     options["s3"] = {**options["s3"], "regoin_name": "eu-1"}
@@ -106,9 +106,11 @@ def test_foreign_keys_are_ignored_and_typos_warn(
         with opened as f:
             assert f.read() == b"tolerant"
     messages = sorted(str(w.message) for w in caught)
-    assert any("'consistancy'" in m and "'consistency'" in m for m in messages), messages
     assert any("'regoin_name'" in m and "'region_name'" in m for m in messages), messages
-    assert opened.fs.config.consistency == "ttl"  # the misspelt option set nothing
+    # A misspelt tiercache option would set nothing: it is an error naming the one meant.
+    misspelt = _storage_options(s3, tmp_path / "tier", consistancy="immutable")
+    with pytest.raises(TypeError, match=r"'consistancy'.*'consistency'"):
+        fsspec.open(f"tiercache::s3://{bucket}/obj", **misspelt).open()
 
 
 @pytest.mark.usefixtures("no_warnings")

@@ -12,6 +12,7 @@ import fsspec.asyn
 import pytest
 
 from tiercache import ConfigError, MemoryStore, S3Options, TierCacheConfig, TierCacheFileSystem
+from tiercache.errors import UnknownOptionError
 
 # What fsspec, zarr, HF datasets and a rebuilt chained URL put in storage options.
 FOREIGN = {
@@ -56,16 +57,19 @@ def test_foreign_keys_are_ignored_quietly() -> None:
     ("typo", "meant"),
     [("consistancy", "consistency"), ("local_max_byte", "local_max_bytes"), ("tll_x", None)],
 )
-def test_a_likely_typo_warns_with_the_closest_option(typo: str, meant: str | None) -> None:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        config = TierCacheConfig.from_options({typo: "immutable"}, environ={})
-    assert config == TierCacheConfig.from_options({}, environ={})  # the key changed nothing
-    messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+def test_a_likely_typo_raises_with_the_closest_option(typo: str, meant: str | None) -> None:
+    # A mistyped option would silently keep its default (a read goes on with the default
+    # budget): an error, as Python answers an unexpected keyword. Other keys are ignored.
     if meant is None:
-        assert messages == []
-    else:
-        assert len(messages) == 1 and repr(typo) in messages[0] and repr(meant) in messages[0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            config = TierCacheConfig.from_options({typo: "immutable"}, environ={})
+        assert config == TierCacheConfig.from_options({}, environ={})  # the key changed nothing
+        return
+    with pytest.raises(UnknownOptionError) as raised:
+        TierCacheConfig.from_options({typo: "immutable"}, environ={})
+    assert isinstance(raised.value, ConfigError) and isinstance(raised.value, TypeError)
+    assert str(raised.value) == f"unknown tiercache option {typo!r}: did you mean {meant!r}?"
 
 
 def test_a_likely_typo_of_a_store_option_warns() -> None:

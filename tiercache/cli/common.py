@@ -12,6 +12,9 @@ from tiercache.config import TierCacheConfig
 from tiercache.config_file import FileSettings, load_config, store_options
 from tiercache.config_file import tier_options as merge_tier_options
 from tiercache.filesystem import TierCacheFileSystem
+from tiercache.store.base import ObjectStore
+from tiercache.store.endpoint import AWS_NAMESPACE, store_label
+from tiercache.store.s3 import S3Store
 
 MiB = 1024 * 1024
 
@@ -107,6 +110,21 @@ def filesystem_from_args(args: argparse.Namespace, **overrides: Any) -> TierCach
     return TierCacheFileSystem(
         target_options=target_options(args), skip_instance_cache=True, **options
     )
+
+
+def store_name(store: ObjectStore) -> str:
+    """The store as the user named it, for messages: its endpoint URL as configured (or
+    ``AWS S3``), never its repr."""
+    if isinstance(store, S3Store) and store.endpoint != "aws":
+        return store.endpoint
+    return store_label(store.namespace)
+
+
+def endpoint_flags(namespace: str) -> str:
+    """The flags that point a command at the store of a journal record's ``namespace``."""
+    if namespace == AWS_NAMESPACE:
+        return "no --endpoint-url (and AWS_ENDPOINT_URL unset)"
+    return f"--endpoint-url {store_label(namespace)}"
 
 
 def print_json(payload: Any) -> None:

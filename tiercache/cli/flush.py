@@ -12,14 +12,17 @@ from tiercache.cli.common import (
     add_json_flag,
     add_store_flags,
     add_tier_flags,
+    endpoint_flags,
     filesystem_from_args,
     human_bytes,
     print_json,
     report_error,
+    store_name,
 )
 from tiercache.cli.which_tier import add_mount_flag, choose_tier
 from tiercache.errors import CacheTimeoutError, UploadFailedError
 from tiercache.filesystem import TierCacheFileSystem
+from tiercache.store.endpoint import store_label
 
 NAME = "flush"
 HELP = "upload everything written behind and not yet in the store (after a job or a crash)"
@@ -104,11 +107,12 @@ def run(args: argparse.Namespace) -> int:
         elsewhere = fs.pending_elsewhere()
         if elsewhere:
             stores = sorted({r["store"] for r in elsewhere})
+            how = " or ".join(endpoint_flags(s) for s in stores)
             return _fail(
                 args,
                 f"{len(elsewhere)} upload(s) in this tier are for another endpoint "
-                f"({', '.join(stores)}), e.g. {elsewhere[0]['name']}; run `tiercache flush` "
-                "with that --endpoint-url",
+                f"({', '.join(store_label(s) for s in stores)}) than {store_name(fs.store)}, "
+                f"e.g. {elsewhere[0]['name']}; run `tiercache flush` with {how}",
                 fs,
             )
     since = time.time() - (time.monotonic() - started)

@@ -38,7 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     add_tier_flags(parser)
     parser.add_argument(
-        "--listen", metavar="HOST:PORT", help="serve /metrics over HTTP here until interrupted"
+        "--listen",
+        metavar="HOST:PORT",
+        help="serve /metrics over HTTP here until interrupted (any other path: 404)",
     )
     parser.add_argument(
         "--textfile", metavar="PATH", help="write the metrics to PATH (node_exporter's textfile)"

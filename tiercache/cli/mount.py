@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from tiercache.cli.common import (
     add_json_flag,
     add_store_flags,
     add_tier_flags,
+    config_from_args,
     filesystem_from_args,
     print_json,
+    store_name,
 )
 from tiercache.metrics.serve import parse_listen, require_prometheus_client
 from tiercache.mount.control import (
@@ -98,6 +101,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_json_flag(parser)
 
 
+def _absolute_tier_dirs(args: argparse.Namespace) -> dict[str, str]:
+    """The tier directories as absolute paths: libfuse makes ``/`` the mount process's working
+    directory once it serves, where a relative path names another directory (``statfs`` and
+    the counters file would fail). From flags, the environment or the config file alike."""
+    config = config_from_args(args)
+    dirs = {"local_dir": config.local_dir, "shared_dir": config.shared_dir}
+    return {name: os.path.abspath(path) for name, path in dirs.items() if path}
+
+
 def run(args: argparse.Namespace) -> int:
     bucket, prefix = parse_url(args.url)
     support = fuse_support()
@@ -109,12 +121,13 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_listen is not None:  # said here, not in the background mount's log
         parse_listen(args.metrics_listen)
         require_prometheus_client()
-    fs = filesystem_from_args(args)
+    fs = filesystem_from_args(args, **_absolute_tier_dirs(args))
     try:
         fs.info(bucket)  # the bucket exists and the credentials work, before anything mounts
     except FileNotFoundError:
         raise MountError(
-            f"bucket {bucket!r} does not exist at {fs.store!r}: create it, or check the URL"
+            f"bucket {bucket!r} does not exist at {store_name(fs.store)}: create it, or check "
+            "the URL and --endpoint-url"
         ) from None
     url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
     immutable = bool(args.read_only) and fs.config.consistency == "immutable"

@@ -13,6 +13,7 @@ from tiercache.cli.common import (
     human_bytes,
     print_json,
 )
+from tiercache.cli.which_tier import budget_in_use
 from tiercache.metrics.node import NodeReader
 from tiercache.mount.control import read_mount_stats, running_mounts
 
@@ -44,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     fs = filesystem_from_args(args)
+    mounts = running_mounts()
     report: dict[str, Any] = {
         **fs.stats(),
         "local_dir": fs.config.local_dir,
@@ -51,7 +53,11 @@ def run(args: argparse.Namespace) -> int:
         "node": NodeReader(fs.config).counters(),
         "mounts": [],
     }
-    for mount in running_mounts():
+    # The budget the running mounts of the tier use, not this command's options.
+    report["local_max_bytes"], _ = budget_in_use(
+        mounts, fs.tier.root, "local", report["local_max_bytes"]
+    )
+    for mount in mounts:
         # A mount publishes its counters under its own tier, which its record names.
         published = read_mount_stats(mount.local_dir or fs.config.local_dir, mount.mountpoint)
         report["mounts"].append(

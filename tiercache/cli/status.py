@@ -13,7 +13,7 @@ from tiercache.cli.common import (
     human_bytes,
     print_json,
 )
-from tiercache.cli.which_tier import add_mount_flag, choose_tier
+from tiercache.cli.which_tier import add_mount_flag, budget_in_use, choose_tier, is_this_users
 from tiercache.tiers.local import LocalTier
 from tiercache.tiers.shared import shared_tier_of
 from tiercache.write.reconcile import reconcile_journal
@@ -29,10 +29,13 @@ examples:
   tiercache status --local-dir /nvme/tiercache --json | jq .pending_bytes
   tiercache status --mount /mnt/ckpt     # the tier of the mount on /mnt/ckpt
 
-Without --local-dir it shows the tier of the running mount (TIERCACHE_LOCAL_DIR, the
-config file or the default when no mount runs), and refuses, naming the mounts and their
-tiers, when mounts with different tiers run. Reads only local files (the tier, the upload
-journal, /proc/mounts, the mounts' records): it works while the store is down.
+Without --local-dir it shows the tier of your running mount (TIERCACHE_LOCAL_DIR, the
+config file or the default when none of yours runs: the tier prefetch fills), and
+refuses, naming the mounts and their tiers, when your mounts with different tiers run.
+Other users' mounts are listed, and never choose the tier. The budget shown is the one
+the running mounts of the tier use, as they last published it. Reads only local files
+(the tier, the upload journal, /proc/mounts, the mounts' records and counters): it works
+while the store is down.
 """
 
 
@@ -55,22 +58,26 @@ def run(args: argparse.Namespace) -> int:
             journal = WriteState(staging, config.lock_timeout)
             pending += _pending_rows(journal)
             superseded += journal.superseded_notes()
+    local_budget = budget_in_use(mounts, tier.root, "local", config.local_max_bytes)
     report: dict[str, Any] = {
         "local_dir": tier.root,
         "local_usage_bytes": tier.usage(fresh=True),
-        "local_max_bytes": config.local_max_bytes,
+        "local_max_bytes": local_budget[0],
+        "local_max_bytes_of": local_budget[1],
         "pending_uploads": len(pending),
         "pending_bytes": sum(p["size"] for p in pending),
         "failed_uploads": sum(p["state"] != "dirty" for p in pending),
         "pending": pending,
         "superseded": superseded,
-        "mounts": [m.to_json() for m in mounts],
+        "mounts": [{**m.to_json(), "this_user": is_this_users(m)} for m in mounts],
         "tier_of_mounts": [m.mountpoint for m in mounts if m.local_dir == tier.root],
     }
     if shared is not None:
+        shared_budget = budget_in_use(mounts, shared.root, "shared", config.shared_max_bytes)
         report["shared_dir"] = shared.root
         report["shared_usage_bytes"] = shared.usage(fresh=True)
-        report["shared_max_bytes"] = config.shared_max_bytes
+        report["shared_max_bytes"] = shared_budget[0]
+        report["shared_max_bytes_of"] = shared_budget[1]
     if args.json:
         print_json(report)
         return 0
@@ -78,14 +85,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"local tier  {report['local_dir']}" + (f"  (of {', '.join(users)})" if users else ""))
     print(
         f"  usage     {human_bytes(report['local_usage_bytes'])} "
-        f"of {human_bytes(report['local_max_bytes'])}"
+        f"of {human_bytes(report['local_max_bytes'])}{_whose(report['local_max_bytes_of'])}"
     )
     print(f"  pending   {len(pending)} upload(s), {human_bytes(report['pending_bytes'])}")
     if "shared_dir" in report:
         print(f"shared tier {report['shared_dir']}")
         print(
             f"  usage     {human_bytes(report['shared_usage_bytes'])} "
-            f"of {human_bytes(report['shared_max_bytes'])}"
+            f"of {human_bytes(report['shared_max_bytes'])}{_whose(report['shared_max_bytes_of'])}"
         )
     if report["failed_uploads"]:
         print(f"  FAILED    {report['failed_uploads']} upload(s) need you: see below")
@@ -109,8 +116,13 @@ def run(args: argparse.Namespace) -> int:
         mode = "ro" if mount["read_only"] else "rw"
         pid = mount["pid"] if mount["pid"] is not None else "?"
         where = mount["local_dir"] or "tier unknown (no record)"
-        print(f"  {mount['mountpoint']}  {mount['url']}  ({mode}, pid {pid}, {where})")
+        whose = "" if mount["this_user"] or mount["pid"] is None else ", another user's"
+        print(f"  {mount['mountpoint']}  {mount['url']}  ({mode}, pid {pid}, {where}{whose})")
     return 0
+
+
+def _whose(mountpoint: str | None) -> str:
+    return f" (the budget of the mount on {mountpoint})" if mountpoint else ""
 
 
 def _pending_rows(journal: WriteState) -> list[dict[str, Any]]:

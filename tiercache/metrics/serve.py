@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from tiercache.config import TierCacheConfig
 from tiercache.errors import TierCacheError
 from tiercache.metrics.node import NodeReader
 
 if TYPE_CHECKING:
+    from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
+
     from prometheus_client.registry import CollectorRegistry
 
+# The one path served; any other is answered 404 (a scraper pointed at the wrong path, or
+# a probe, learns so instead of getting the metrics).
+METRICS_PATH = "/metrics"
 MISSING_EXTRA = (
     "Prometheus metrics need prometheus_client: pip install 'tiercache[metrics]' "
     "(the metrics extra)"
@@ -30,7 +40,7 @@ class ListenAddress:
 
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
+        return f"http://{host}:{self.port}{METRICS_PATH}"
 
 
 def parse_listen(text: str) -> ListenAddress:
@@ -63,12 +73,18 @@ def start_http(
 ) -> tuple[ListenAddress, Callable[[], None]]:
     """Serve ``/metrics`` on ``address`` from a daemon thread; returns where, and a stop."""
     registry = node_registry(config)
-    from prometheus_client import start_http_server  # noqa: PLC0415  (the extra)
+    from prometheus_client import make_wsgi_app  # noqa: PLC0415  (the extra)
 
+    app = only_metrics_path(make_wsgi_app(registry))
     try:
-        server, thread = start_http_server(address.port, address.host, registry=registry)
+        family, host = _best_family(address)
+        server_class = _MetricsServer6 if family == socket.AF_INET6 else _MetricsServer
+        server = make_server(host, address.port, app, server_class, _QuietHandler)
     except OSError as exc:
         raise MetricsError(f"cannot listen on {address.host}:{address.port}: {exc}") from None
+    thread = threading.Thread(target=server.serve_forever, name="tiercache-metrics-http")
+    thread.daemon = True
+    thread.start()
 
     def stop() -> None:
         server.shutdown()
@@ -78,11 +94,61 @@ def start_http(
     return ListenAddress(address.host, int(server.server_port)), stop
 
 
+def only_metrics_path(app: WSGIApplication) -> WSGIApplication:
+    """``app`` at ``/metrics`` (its query string kept: ``?name[]=``); 404 at any other path."""
+
+    def serve(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == METRICS_PATH:
+            return app(environ, start_response)
+        body = f"not found: the metrics are at {METRICS_PATH}\n".encode()
+        headers = [
+            ("Content-Type", "text/plain; charset=utf-8"),
+            ("Content-Length", str(len(body))),
+        ]
+        start_response("404 Not Found", headers)
+        return [body]
+
+    return serve
+
+
+class _MetricsServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a scrape in flight never holds the process at exit
+
+
+class _MetricsServer6(_MetricsServer):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not logged (one every few seconds, for as long as it runs)."""
+
+
+def _best_family(address: ListenAddress) -> tuple[socket.AddressFamily, str]:
+    """The address family and host to bind ``address`` with (IPv6 where the host is one)."""
+    infos = socket.getaddrinfo(
+        address.host, address.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
+    family, _, _, _, sockaddr = infos[0]
+    return family, str(sockaddr[0])
+
+
 def write_textfile(registry: CollectorRegistry, path: str) -> None:
-    """Write the node's families to ``path`` for node_exporter (temp file + rename)."""
+    """Write the node's families to ``path`` for node_exporter (temp file + rename).
+
+    A failure names ``path``, never the temp file beside it.
+    """
     from prometheus_client import write_to_textfile  # noqa: PLC0415  (the extra)
 
-    write_to_textfile(path, registry)
+    try:
+        write_to_textfile(path, registry)
+    except OSError as exc:
+        directory = os.path.dirname(os.path.abspath(path))
+        if isinstance(exc, FileNotFoundError) and not os.path.isdir(directory):
+            reason = f"no directory {directory}"
+        else:
+            reason = exc.strerror or str(exc)
+        raise MetricsError(f"cannot write the textfile {path}: {reason}") from None
 
 
 def exposition_text(registry: CollectorRegistry) -> str:

@@ -15,7 +15,8 @@ BLOCK_SIZE = 1 << 20
 
 @dataclass(frozen=True)
 class Attr:
-    """What ``getattr`` reports for one path: a file (size, mtime, mode) or a directory.
+    """What ``getattr`` reports for one path: a file (size, mtime, mode), a directory, or a
+    symbolic link (``is_link``: its size is its target's length; see ``links``).
 
     ``mode`` holds the permission bits set through the mount (``chmod``); None reports the
     default.
@@ -25,6 +26,7 @@ class Attr:
     size: int = 0
     mtime_ns: int = 0
     mode: int | None = None
+    is_link: bool = False
 
     def to_stat(self, uid: int, gid: int, writable: bool) -> dict[str, Any]:
         write_bits = 0o200 if writable else 0
@@ -32,6 +34,8 @@ class Attr:
         bits = default if self.mode is None else self.mode & 0o7777
         bits = bits if writable else bits & ~0o222
         mode = (stat.S_IFDIR if self.is_dir else stat.S_IFREG) | bits
+        if self.is_link:  # a link's own bits are never used: 0777, as Linux reports them
+            mode = stat.S_IFLNK | 0o777
         nlink = 2 if self.is_dir else 1
         return {
             "st_mode": mode,

@@ -15,7 +15,8 @@ write is newer) but not a kept mode. What objects' metadata says, read by a HEAD
 here, is remembered per object version as the consistency mode allows (``stored``).
 
 A directory has no object to hold metadata: its times and mode are kept by this mount only,
-until it ends (enough for ``rsync -a`` run twice against one mount).
+until it ends (enough for ``rsync -a`` run twice against one mount). A symbolic link is an
+object whose mode says so (``links``), written here with its metadata in one PUT.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from tiercache.errors import ObjectNotFoundError
 from tiercache.metadata.freshness import Freshness
+from tiercache.mount.links import LINK_MODE
 from tiercache.mount.stored import StoredMetadata, Version
 from tiercache.store.base import ObjectInfo
 
@@ -56,18 +58,25 @@ class MetadataStore(Protocol):
         self, bucket: str, key: str, metadata: Mapping[str, str], if_match: str
     ) -> None: ...
 
+    def put_bytes(
+        self, bucket: str, key: str, data: bytes, metadata: Mapping[str, str] | None = None
+    ) -> ObjectInfo: ...
+
 
 @dataclass(frozen=True)
 class SetAttrs:
-    """An mtime (ns) and permission bits set through the mount; None: not set."""
+    """An mtime (ns) and permission bits set through the mount; None: not set. ``symlink``:
+    the object is a symbolic link (only ever read from, or written with, its object)."""
 
     mtime_ns: int | None = None
     mode: int | None = None
+    symlink: bool = False
 
     def merged(self, newer: SetAttrs) -> SetAttrs:
         return SetAttrs(
             newer.mtime_ns if newer.mtime_ns is not None else self.mtime_ns,
             newer.mode if newer.mode is not None else self.mode,
+            self.symlink or newer.symlink,
         )
 
     def empty(self) -> bool:
@@ -79,14 +88,21 @@ def to_metadata(attrs: SetAttrs) -> dict[str, str]:
     if attrs.mtime_ns is not None:
         seconds, ns = divmod(attrs.mtime_ns, 10**9)
         meta[MTIME_KEY] = f"{seconds}.{ns:09d}"
-    if attrs.mode is not None:
+    if attrs.symlink:
+        meta[MODE_KEY] = str(LINK_MODE)
+    elif attrs.mode is not None:
         meta[MODE_KEY] = str(stat.S_IFREG | (attrs.mode & 0o7777))
     return meta
 
 
 def from_metadata(meta: Mapping[str, str]) -> SetAttrs:
     """What an object's metadata says (values other tools wrote included); bad values: None."""
-    return SetAttrs(_parse_mtime(meta.get(MTIME_KEY)), _parse_mode(meta.get(MODE_KEY)))
+    mode = _parse_mode(meta.get(MODE_KEY))
+    return SetAttrs(
+        _parse_mtime(meta.get(MTIME_KEY)),
+        None if mode is None else mode & 0o7777,
+        mode is not None and stat.S_ISLNK(mode),
+    )
 
 
 def _parse_mtime(value: str | None) -> int | None:
@@ -104,10 +120,9 @@ def _parse_mode(value: str | None) -> int | None:
         return None
     value = value.strip()
     try:
-        mode = int(value, 8) if value.startswith("0") else int(value)
+        return int(value, 8) if value.startswith("0") else int(value)
     except ValueError:
         return None
-    return mode & 0o7777
 
 
 class AttrKeeper:
@@ -133,6 +148,11 @@ class AttrKeeper:
         self._busy: str | None = None
         self._closed = False
         self._worker: threading.Thread | None = None
+
+    @property
+    def keeps_metadata(self) -> bool:
+        """Whether the store keeps user metadata (else nothing set here outlives the mount)."""
+        return self._store is not None
 
     # -- what operations tell it -------------------------------------------------------------
 
@@ -196,6 +216,16 @@ class AttrKeeper:
                 self._worker = threading.Thread(target=self._run, name="mount-attrs", daemon=True)
                 self._worker.start()
             self._cond.notify_all()
+
+    def make_link(self, path: str, target: bytes, mtime_ns: int) -> None:
+        """Store a symbolic link at ``path``: one PUT of its target with its type and mtime
+        (``links``), remembered as this object version's metadata (``keeps_metadata`` only)."""
+        assert self._store is not None
+        bucket, _, key = self._full(path).partition("/")
+        attrs = SetAttrs(mtime_ns, 0o777, symlink=True)
+        read_at = time.time()
+        info = self._store.put_bytes(bucket, key, target, to_metadata(attrs))
+        self._stored.remember(path, Version.of_info(info), attrs, read_at)
 
     def changed(self, *paths: str) -> None:
         """The objects at ``paths`` were rewritten, moved or deleted here."""

@@ -35,6 +35,7 @@ from tiercache.mount.handles import (
 )
 from tiercache.mount.kept import DEFAULT_FILE_MODE, AttrKeeper, SetAttrs
 from tiercache.mount.kernel_opens import PathReaders
+from tiercache.mount.links import MAX_TARGET, target_bytes, target_text
 from tiercache.mount.lookahead import MetadataLookAhead
 from tiercache.mount.moves import TreeMoveError, move_tree, objects_under
 from tiercache.mount.passthrough import Passthrough
@@ -100,9 +101,10 @@ class MountOptions:
 
 
 def _with_metadata(attr: Attr, meta: SetAttrs) -> Attr:
-    """A stored file's attributes with the mtime and mode its object metadata holds."""
+    """A stored file's attributes with the mtime, mode and type its object metadata holds."""
     mtime_ns = attr.mtime_ns if meta.mtime_ns is None else meta.mtime_ns
-    return Attr(False, attr.size, mtime_ns, meta.mode)
+    is_link = meta.symlink and attr.size <= MAX_TARGET
+    return Attr(False, attr.size, mtime_ns, meta.mode, is_link)
 
 
 class MountOperations:
@@ -198,6 +200,7 @@ class MountOperations:
             attr.size,
             attr.mtime_ns if kept.mtime_ns is None else kept.mtime_ns,
             attr.mode if kept.mode is None else kept.mode,
+            attr.is_link,
         )
 
     def _stored_attr(self, path: str) -> Attr:
@@ -669,6 +672,41 @@ class MountOperations:
         self.cache.forget(path)
         self.cache.put(path, None)
         return 0
+
+    @answers_errno
+    def symlink(self, path: str, target: str) -> int:
+        """``ln -s TARGET PATH``: an object holding the target, its type in its metadata, in
+        the store at once (``links``); ``EPERM`` where the store keeps no metadata."""
+        self._writable()
+        if not self.kept.keeps_metadata:
+            raise FuseError(errno.EPERM)
+        try:
+            data = target_bytes(target)
+        except OSError as exc:
+            raise FuseError(exc.errno or errno.EINVAL) from None
+        try:
+            self._attr(path)
+        except FuseError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+        else:
+            raise FuseError(errno.EEXIST)
+        self.kept.removed(path)
+        now = time.time_ns()
+        self.kept.make_link(path, data, now)
+        self.fs.invalidate_cache(self._full(path))  # a lookup just before remembered no object
+        self._mark_made(path)
+        with self._dirs_lock:  # the store holds an object under it now: ask it from now on
+            self._fresh_dirs.discard(posixpath.dirname(path))
+        self.cache.forget(path)
+        self.cache.put(path, Attr(False, len(data), now, 0o777, is_link=True))
+        return 0
+
+    @answers_errno
+    def readlink(self, path: str) -> str:
+        if not self._attr(path).is_link:
+            raise FuseError(errno.EINVAL)
+        return target_text(self.fs.cat_file(self._full(path)))
 
     @answers_errno
     def mkdir(self, path: str, mode: int) -> int:

@@ -28,6 +28,9 @@ from tiercache.mount.readahead import DirectoryReadAhead
 log = logging.getLogger("tiercache.mount")
 
 _STATS_SECONDS = 1.0
+# A failure that repeats (the counters file cannot be written) is logged when it starts, then
+# at most once per this many seconds while it lasts, and once when it ends.
+REPEAT_LOG_SECONDS = 600.0
 # Requests libfuse serves at once (its default is 10). A cold read holds its request for a
 # round trip to the store, so 16 readers of cold files would otherwise wait on each other.
 MAX_REQUESTS = 64
@@ -189,6 +192,7 @@ def _write_stats(
 
     The mount's own (its ranged reads) are added to the cache's.
     """
+    failures = RepeatedFailure("writing the mount's counters to " + path, REPEAT_LOG_SECONDS)
     while not stop.wait(_STATS_SECONDS):
         try:
             stats = fs.stats()
@@ -206,5 +210,47 @@ def _write_stats(
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(payload, f)
             os.replace(tmp, path)
-        except Exception:
-            log.exception("writing the mount's counters")
+        except Exception as exc:
+            failures.failed(exc)
+        else:
+            failures.succeeded()
+
+
+class RepeatedFailure:
+    """The log of something retried on a timer: a failure is logged with its traceback when it
+    starts (or changes), then at most once per ``every`` seconds with how often it recurred,
+    and once when it stops, so that a failure that lasts does not fill the log."""
+
+    def __init__(
+        self, what: str, every: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._what = what
+        self._every = every
+        self._clock = clock
+        self._failures = 0  # in a row
+        self._unlogged = 0  # failures since the last line about them
+        self._logged_at = 0.0
+        self._last: tuple[type[BaseException], str] | None = None
+
+    def failed(self, exc: BaseException) -> None:
+        now = self._clock()
+        self._failures += 1
+        kind = (type(exc), str(exc))
+        if kind != self._last:
+            self._last, self._logged_at, self._unlogged = kind, now, 0
+            log.error("%s failed: %s", self._what, exc, exc_info=exc)
+        elif now - self._logged_at >= self._every:
+            log.error(
+                "%s still fails (%d times more since the last report): %s",
+                self._what,
+                self._unlogged + 1,
+                exc,
+            )
+            self._logged_at, self._unlogged = now, 0
+        else:
+            self._unlogged += 1
+
+    def succeeded(self) -> None:
+        if self._failures:
+            log.info("%s works again after %d failures", self._what, self._failures)
+        self._failures, self._unlogged, self._last = 0, 0, None

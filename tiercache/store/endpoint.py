@@ -125,6 +125,15 @@ def canonical_namespace(namespace: str) -> str:
         return namespace
 
 
+def store_label(namespace: str) -> str:
+    """A store as users name it, for messages: the endpoint URL of an ``s3:<url>`` namespace,
+    ``AWS S3`` for ``s3:aws``; another namespace as it is."""
+    if namespace == AWS_NAMESPACE:
+        return "AWS S3"
+    scheme, sep, url = namespace.partition(":")
+    return url if scheme == "s3" and sep and url else namespace
+
+
 def _canonical(url: str, label: str) -> str:
     """The canonical form of a URL known to have no userinfo."""
     try:

@@ -153,7 +153,7 @@ class S3Store(SendsParts):
         self._conditional_lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"S3Store(endpoint={self.namespace!r}, region={self.options.region!r})"
+        return f"S3Store(endpoint_url={self._endpoint_url!r}, region={self.options.region!r})"
 
     @property
     def namespace(self) -> str:

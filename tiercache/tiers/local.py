@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 from tiercache import forksafe
 from tiercache.digest import xxh3_file
+from tiercache.errors import TierDirError
 from tiercache.stats import Stats
 from tiercache.tiers.entry import (
     CachedEntry,
@@ -122,7 +123,7 @@ class LocalTier:
         self.min_free_bytes = min_free_bytes
         self.file_mode = file_mode
         self.dir_mode = dir_mode
-        os.makedirs(root, mode=dir_mode, exist_ok=True)
+        make_tier_root(root, dir_mode, f"{self.name}_dir")
         self.root = os.path.realpath(root)
         self.objects_dir = make_tier_dir(self.root, "objects", dir_mode)
         self.staging_dir = make_tier_dir(self.root, "staging", dir_mode)
@@ -877,6 +878,41 @@ def _real_subdirectories(path: str) -> set[str]:
             return {e.path for e in entries if e.is_dir(follow_symlinks=False)}
     except FileNotFoundError:
         return set()
+
+
+def make_tier_root(root: str, mode: int, option: str) -> None:
+    """Make the tier's directory and its ``objects`` and ``staging`` if missing; a
+    ``TierDirError`` that names ``option``, the path and what is in the way if they cannot
+    be (a bare ``OSError`` would name neither the option nor which part of the path)."""
+    try:
+        os.makedirs(root, mode=mode, exist_ok=True)
+        for name in ("objects", "staging"):
+            with suppress(FileExistsError):  # ``make_tier_dir`` then checks what is there
+                os.mkdir(os.path.join(root, name), mode)
+    except OSError as exc:
+        raise TierDirError(
+            exc.errno,
+            f"{option} {root} cannot be created or used: {_in_the_way(root, exc)}; set {option} "
+            f"(TIERCACHE_{option.upper()}, --{option.replace('_', '-')}) to a directory this "
+            "user can create and write",
+            exc.filename or root,
+        ) from exc
+
+
+def _in_the_way(root: str, exc: OSError) -> str:
+    """What stops ``root`` from being made: a part of its path that is no directory, or the
+    error's own words about the path it names."""
+    path = os.path.abspath(root)
+    while path != os.path.dirname(path):
+        path = os.path.dirname(path)
+        if os.path.lexists(path):
+            if not os.path.isdir(path):
+                return f"{path} is not a directory"
+            break
+    if exc.errno == errno.EEXIST and not os.path.isdir(root):
+        return f"{root} is not a directory"
+    where = exc.filename if isinstance(exc.filename, str) else root
+    return f"{exc.strerror or exc} ({where})"
 
 
 def make_tier_dir(root: str, name: str, mode: int) -> str:
