@@ -684,13 +684,7 @@ class MountOperations:
             data = target_bytes(target)
         except OSError as exc:
             raise FuseError(exc.errno or errno.EINVAL) from None
-        try:
-            self._attr(path)
-        except FuseError as exc:
-            if exc.errno != errno.ENOENT:
-                raise
-        else:
-            raise FuseError(errno.EEXIST)
+        self._refuse_existing(path)
         self.kept.removed(path)
         now = time.time_ns()
         self.kept.make_link(path, data, now)
@@ -702,6 +696,17 @@ class MountOperations:
         self.cache.put(path, Attr(False, len(data), now, 0o777, is_link=True))
         return 0
 
+    def _refuse_existing(self, path: str) -> None:
+        """EEXIST if ``path`` names a file, link or directory already (what the store holds or
+        this mount made)."""
+        try:
+            self._attr(path)
+        except FuseError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+        else:
+            raise FuseError(errno.EEXIST)
+
     @answers_errno
     def readlink(self, path: str) -> str:
         if not self._attr(path).is_link:
@@ -711,13 +716,7 @@ class MountOperations:
     @answers_errno
     def mkdir(self, path: str, mode: int) -> int:
         self._writable()
-        try:
-            self._attr(path)
-        except FuseError as exc:
-            if exc.errno != errno.ENOENT:
-                raise
-        else:
-            raise FuseError(errno.EEXIST)
+        self._refuse_existing(path)
         # Object stores have no directories: the mount remembers it until a file lands in it.
         self._mark_made(path)
         with self._dirs_lock:
