@@ -8,9 +8,8 @@ import time
 import pytest
 
 from tiercache.metadata.freshness import Freshness
-from tiercache.mount.kept import SetAttrs
 from tiercache.mount.lookahead import MetadataLookAhead
-from tiercache.mount.stored import SETTLED, StoredMetadata, Version
+from tiercache.mount.stored import SETTLED, SetAttrs, StoredMetadata, Version
 
 NOW = 1_700_000_000.0
 OLD = Version("etag-1", 10, int(NOW - 100))  # LastModified well before the HEAD

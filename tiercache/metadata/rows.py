@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from tiercache.store.base import ListEntry, ObjectInfo, ObjectStore
-from tiercache.write.state import Record
 
 
 def directory_row(name: str) -> dict[str, Any]:
@@ -67,8 +66,18 @@ def add_parent_dirs(found: dict[str, dict[str, Any]], root: str, name: str) -> N
         parent = parent.rsplit("/", 1)[0]
 
 
+class PendingWrite(Protocol):
+    """A write not yet in the store, as a listing shows it (``write/state.Record``)."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def size(self) -> int: ...
+
+
 def pending_rows(
-    records: Iterable[Record], bucket: str, prefix: str, nested: bool
+    records: Iterable[PendingWrite], bucket: str, prefix: str, nested: bool
 ) -> list[dict[str, Any]]:
     """Rows for pending writes under ``prefix``: files, or (not ``nested``) their directories."""
     rows = []

@@ -26,13 +26,13 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
 from tiercache.errors import ObjectNotFoundError
 from tiercache.metadata.freshness import Freshness
 from tiercache.mount.links import LINK_MODE
-from tiercache.mount.stored import StoredMetadata, Version
+from tiercache.mount.stored import SetAttrs, StoredMetadata, Version
 from tiercache.store.base import ObjectInfo
 
 log = logging.getLogger("tiercache.mount")
@@ -61,26 +61,6 @@ class MetadataStore(Protocol):
     def put_bytes(
         self, bucket: str, key: str, data: bytes, metadata: Mapping[str, str] | None = None
     ) -> ObjectInfo: ...
-
-
-@dataclass(frozen=True)
-class SetAttrs:
-    """An mtime (ns) and permission bits set through the mount; None: not set. ``symlink``:
-    the object is a symbolic link (only ever read from, or written with, its object)."""
-
-    mtime_ns: int | None = None
-    mode: int | None = None
-    symlink: bool = False
-
-    def merged(self, newer: SetAttrs) -> SetAttrs:
-        return SetAttrs(
-            newer.mtime_ns if newer.mtime_ns is not None else self.mtime_ns,
-            newer.mode if newer.mode is not None else self.mode,
-            self.symlink or newer.symlink,
-        )
-
-    def empty(self) -> bool:
-        return self.mtime_ns is None and self.mode is None
 
 
 def to_metadata(attrs: SetAttrs) -> dict[str, str]:

@@ -33,13 +33,13 @@ from tiercache.mount.handles import (
     ReadObserver,
     ReadOpener,
 )
-from tiercache.mount.kept import DEFAULT_FILE_MODE, AttrKeeper, SetAttrs
+from tiercache.mount.kept import DEFAULT_FILE_MODE, AttrKeeper
 from tiercache.mount.kernel_opens import PathReaders
 from tiercache.mount.links import MAX_TARGET, target_bytes, target_text
 from tiercache.mount.lookahead import MetadataLookAhead
 from tiercache.mount.moves import TreeMoveError, move_tree, objects_under
 from tiercache.mount.passthrough import Passthrough
-from tiercache.mount.stored import Version
+from tiercache.mount.stored import SetAttrs, Version
 from tiercache.mount.writable import WritableFile, WritableFiles
 
 log = logging.getLogger("tiercache.mount")

@@ -23,13 +23,31 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tiercache.metadata.freshness import CLOCK_SLACK, Freshness
 from tiercache.store.base import ObjectInfo
 
-if TYPE_CHECKING:
-    from tiercache.mount.kept import SetAttrs
+
+@dataclass(frozen=True)
+class SetAttrs:
+    """An mtime (ns) and permission bits set through the mount; None: not set. ``symlink``:
+    the object is a symbolic link (only ever read from, or written with, its object)."""
+
+    mtime_ns: int | None = None
+    mode: int | None = None
+    symlink: bool = False
+
+    def merged(self, newer: SetAttrs) -> SetAttrs:
+        return SetAttrs(
+            newer.mtime_ns if newer.mtime_ns is not None else self.mtime_ns,
+            newer.mode if newer.mode is not None else self.mode,
+            self.symlink or newer.symlink,
+        )
+
+    def empty(self) -> bool:
+        return self.mtime_ns is None and self.mode is None
+
 
 # Seconds between an object's LastModified and a HEAD after which a later change must show a
 # later LastModified (one whole second, plus the clock difference tolerated between hosts).

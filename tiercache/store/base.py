@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
-
-if TYPE_CHECKING:
-    from tiercache.store.multipart import MultipartUpload
+from typing import Literal, Protocol
 
 
 @dataclass(frozen=True)
@@ -75,6 +72,35 @@ class ObjectStream(Protocol):
 
     def close(self) -> None:
         """Release the connection."""
+        ...
+
+
+class PartUpload(Protocol):
+    """A multipart upload whose parts arrive over time (``store/multipart.py``): a part that
+    fails fails the whole upload, which ``complete`` raises after aborting it."""
+
+    def fence_with(self, fence: WriteFence) -> None:
+        """Check ``fence`` before the parts still to send and the completion."""
+        ...
+
+    def add_part(self, number: int, read: Callable[[], bytes]) -> None:
+        """Send part ``number`` (its bytes from ``read``) when a sender is free."""
+        ...
+
+    def wait(self) -> None:
+        """Return once every part added so far was sent (raises a part's error)."""
+        ...
+
+    def sent(self) -> dict[int, int]:
+        """Bytes of each part sent so far, by part number."""
+        ...
+
+    def complete(self) -> ObjectInfo:
+        """Complete the upload once every part was sent; the stored object's info."""
+        ...
+
+    def abort(self) -> None:
+        """Abort the upload in the store (nothing is left of it)."""
         ...
 
 
@@ -171,11 +197,11 @@ class ObjectStore(Protocol):
         metadata: Mapping[str, str] | None = None,
         on_created: Callable[[str], None] | None = None,
         fence: WriteFence | None = None,
-    ) -> MultipartUpload:
+    ) -> PartUpload:
         """A multipart upload whose parts the caller adds as their bytes become available;
         created in the store with its first part (``on_created`` gets its id first). A
-        ``fence`` is checked before each part and the completion (or given to
-        ``MultipartUpload.complete``)."""
+        ``fence`` is checked before each part and the completion (or given later with
+        ``PartUpload.fence_with``)."""
         ...
 
     def list_objects(

@@ -3,12 +3,30 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tiercache.tiers.entry import CachedEntry, EntryMeta, EntryPaths
 
-if TYPE_CHECKING:
-    from tiercache.tiers.local import LocalTier
+
+class ReservingTier(Protocol):
+    """What a reservation asks of its tier (``LocalTier``)."""
+
+    def reserve(self, nbytes: int) -> None: ...
+
+    def release(self, nbytes: int) -> None: ...
+
+    def publish(
+        self,
+        paths: EntryPaths,
+        fd: int,
+        meta: EntryMeta,
+        src: str | None = None,
+        durable: bool = False,
+        keep_src: bool = False,
+        prepared_meta: str | None = None,
+        meta_absent: bool = False,
+        reserved: int = 0,
+    ) -> CachedEntry: ...
 
 
 class Reservation:
@@ -19,7 +37,7 @@ class Reservation:
     cached already) is given back by ``release`` or on leaving the ``with`` block.
     """
 
-    def __init__(self, tier: LocalTier, nbytes: int) -> None:
+    def __init__(self, tier: ReservingTier, nbytes: int) -> None:
         tier.reserve(nbytes)
         self._tier = tier
         self.held = nbytes

@@ -37,12 +37,11 @@ from tiercache.errors import (
     TierCacheError,
 )
 from tiercache.store.base import ObjectInfo, ObjectStore, WriteCondition
+from tiercache.write.version_metadata import DIGEST_METADATA_KEY, GENERATION_METADATA_KEY
 
-if TYPE_CHECKING:  # the write state's staged files import this module's metadata keys
+if TYPE_CHECKING:
     from tiercache.write.state import Record, WriteState
 
-DIGEST_METADATA_KEY = "tiercache-xxh3"
-GENERATION_METADATA_KEY = "tiercache-generation"
 
 log = logging.getLogger("tiercache.uploader")
 # The HEAD each upload makes runs beside its first parts.

@@ -24,10 +24,9 @@ import xxhash
 
 from tiercache.errors import ObjectNotFoundError
 from tiercache.store import multipart
-from tiercache.store.base import ObjectInfo, ObjectStore, WriteFence
-from tiercache.store.multipart import MultipartUpload
+from tiercache.store.base import ObjectInfo, ObjectStore, PartUpload, WriteFence
 from tiercache.tiers.local import fsync_dir, remove_file
-from tiercache.write.fence import GENERATION_METADATA_KEY
+from tiercache.write.version_metadata import GENERATION_METADATA_KEY
 
 log = logging.getLogger("tiercache.write")
 
@@ -51,7 +50,7 @@ class PartStreamer:
         self._file_mode = file_mode
         self._part_size = store.part_size
         self._lock = threading.Lock()
-        self._upload: MultipartUpload | None = None
+        self._upload: PartUpload | None = None
         self._fd: int | None = None  # the staged file, read back by the part senders
         self._sidecar_fd: int | None = None
         self._sidecar = staged_path + SIDECAR_SUFFIX
@@ -99,7 +98,7 @@ class PartStreamer:
         """No more parts (the writer's descriptor was handed out: bytes may change under it)."""
         self._stopped = True
 
-    def _started(self) -> MultipartUpload:
+    def _started(self) -> PartUpload:
         if self._upload is None:
             self._fd = os.open(self._staged_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             # Its generation is not known yet (assigned at the commit): "0" tells another

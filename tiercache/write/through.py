@@ -14,9 +14,9 @@ from typing import Any
 from tiercache.stats import Stats
 from tiercache.store.base import ObjectStore
 from tiercache.tiers.entry import EntryMeta, EntryPaths
-from tiercache.write.fence import DIGEST_METADATA_KEY
 from tiercache.write.staged import StagedObject
 from tiercache.write.state import WriteState
+from tiercache.write.version_metadata import DIGEST_METADATA_KEY
 
 
 class WriteThrough:
