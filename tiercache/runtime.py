@@ -8,14 +8,18 @@ client, so the instances are thin and the state lives here, keyed by configurati
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 import weakref
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from tiercache.checkpoints import CheckpointRegistry, CommitHolds
 from tiercache.config import TierCacheConfig, fetch_streams, upload_parts
 from tiercache.metadata.cache import MetadataCache
+from tiercache.metadata.freshness import Freshness
 from tiercache.metadata.revalidate import ListingRevalidator
 from tiercache.metadata.shared import Lister, ListingProofs, SharedListings
 from tiercache.metrics import publish
@@ -26,7 +30,8 @@ from tiercache.store.base import ObjectStore
 from tiercache.store.retry import RetryPolicy
 from tiercache.store.s3 import S3Store
 from tiercache.store.s3_options import S3Options
-from tiercache.tiers.local import LocalTier
+from tiercache.tiers.local import LocalTier, make_tier_root
+from tiercache.tiers.next_use import NextUse
 from tiercache.tiers.shared import SharedTier, shared_tier_of
 from tiercache.write.behind import WriteBehind
 from tiercache.write.path import WritePath
@@ -80,60 +85,67 @@ def runtime_for(
 
 
 def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
+    """Every component, each given its collaborators as it is made (lowest layer first)."""
+    stats = Stats()
+    make_tier_root(config.local_dir, config.dir_mode, "local_dir")
+    root = os.path.realpath(config.local_dir)
+    shared = shared_tier_of(config)
+    staged_shared = shared if config.write_tier == "shared" else None
+    # Markers are held back beside the journal that holds them, for every uploader of it.
+    holds = CommitHolds(
+        root if staged_shared is None else staged_shared.root,
+        config.file_mode if staged_shared is None else staged_shared.file_mode,
+        config.dir_mode if staged_shared is None else staged_shared.dir_mode,
+        stale_after=config.lease_stale_after if staged_shared is not None else None,
+    )
+    checkpoints = CheckpointRegistry(
+        root, config.keep_checkpoints, config.file_mode, config.dir_mode, holds
+    )
+    next_use = NextUse(root, stats, config.file_mode, config.dir_mode)
     tier = LocalTier(
-        config.local_dir,
+        root,
         config.local_max_bytes,
         file_mode=config.file_mode,
         dir_mode=config.dir_mode,
         high_watermark=config.high_watermark,
         low_watermark=config.low_watermark,
         min_free_bytes=config.min_free_bytes,
+        stats=stats,
+        keep=checkpoints.keeps,
+        next_use=next_use,
     )
-    shared = shared_tier_of(config)
-    stats = Stats()
-    tier.stats = stats
-    staging = shared if config.write_tier == "shared" and shared is not None else tier
+    staging = staged_shared or tier
     write_state = WriteState(staging, config.lock_timeout)
-    # Markers are held back beside the journal that holds them, for every uploader of it.
-    holds = CommitHolds(
-        staging.root,
-        staging.file_mode,
-        staging.dir_mode,
-        stale_after=config.lease_stale_after if staging is shared else None,
-    )
-    checkpoints = CheckpointRegistry(
-        tier.root, config.keep_checkpoints, config.file_mode, config.dir_mode, holds
-    )
-    tier.keep = checkpoints.keeps
-    uploader = Uploader(config, write_state, store, stats, checkpoints)
-    write_behind = WriteBehind(config, write_state, uploader, stats, store.namespace)
-    metadata = MetadataCache(
-        tier.root,
-        store.namespace,
-        config.consistency,
-        config.ttl,
-        file_mode=tier.file_mode,
-        dir_mode=tier.dir_mode,
-        lock_timeout=config.lock_timeout,
-    )
+    clock = time.time
+    freshness = Freshness(config.consistency, config.ttl, clock)
     shared_listings = None
     proofs = None
     if shared is not None:
         # Group-readable listings another user kept are served once the store let this
         # process's own credentials list the same prefix (``shared_auth``), as bytes are.
         proofs = (
-            ListingProofs(store, config.ttl, metadata.now)
-            if config.shared_auth_mode == "store"
-            else None
+            ListingProofs(store, config.ttl, clock) if config.shared_auth_mode == "store" else None
         )
         shared_listings = SharedListings(
-            shared, store.namespace, metadata.freshness, config.lock_timeout, proofs
+            shared, store.namespace, freshness, config.lock_timeout, proofs
         )
-    if shared_listings is not None:
-        metadata.also_invalidate = shared_listings.invalidate
-        # This host's own upload changes the listings the other hosts read (its own ls merged
-        # the pending write meanwhile).
-        uploader.on_landed = lambda bucket, key: shared_listings.invalidate(bucket, [key])
+    # This host's own upload changes the listings the other hosts read (its own ls merged
+    # the pending write meanwhile).
+    on_landed = None if shared_listings is None else partial(_forget_landed, shared_listings)
+    uploader = Uploader(config, write_state, store, stats, checkpoints, on_landed)
+    write_behind = WriteBehind(config, write_state, uploader, stats, store.namespace)
+    metadata = MetadataCache(
+        root,
+        store.namespace,
+        config.consistency,
+        config.ttl,
+        file_mode=config.file_mode,
+        dir_mode=config.dir_mode,
+        lock_timeout=config.lock_timeout,
+        clock=clock,
+        freshness=freshness,
+        also_invalidate=None if shared_listings is None else shared_listings.invalidate,
+    )
     lister = Lister(store, shared_listings, metadata.now)
     revalidator = ListingRevalidator(
         lister,
@@ -142,10 +154,17 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
         stats,
         pending_under=lambda bucket, prefix: bool(write_behind.pending(f"{bucket}/{prefix}")),
     )
-    read_path = ReadPath(config, tier, store, stats, shared, revalidator)
-    read_path.pending_write = write_state.pending_entry
-    read_path.pending_tier = staging
-    if write_state.record_ids():  # once its hooks are set
+    read_path = ReadPath(
+        config,
+        tier,
+        store,
+        stats,
+        shared,
+        revalidator,
+        pending_write=write_state.pending_entry,
+        pending_tier=staging,
+    )
+    if write_state.record_ids():
         uploader.start()  # finish what a crashed or exited process left in the journal
     write_through = WriteThrough(store, write_state, stats)
     write_path = WritePath(config, tier, uploader, write_behind, write_through, read_path, metadata)
@@ -164,13 +183,17 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
         write_behind=write_behind,
         write_through=write_through,
         write_path=write_path,
-        prefetch=PrefetchEngine(config, read_path, tier, store, stats),
+        prefetch=PrefetchEngine(config, read_path, tier, store, stats, next_use),
         listing_proofs=proofs if staging is not tier else None,
     )
     # The node's metrics (``tiercache metrics``) count this cache's work while it lives.
     counters = publish.cache_counters(stats, store)
     publish.track(tier.root, runtime, counters, tier.file_mode, tier.dir_mode)
     return runtime
+
+
+def _forget_landed(listings: SharedListings, bucket: str, key: str) -> None:
+    listings.invalidate(bucket, [key])
 
 
 def _s3_store(config: TierCacheConfig, options: S3Options) -> S3Store:

@@ -24,14 +24,13 @@ import contextlib
 import json
 import os
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from tiercache import forksafe
-from tiercache.metadata.freshness import Freshness
+from tiercache.metadata.freshness import Freshness, wall_clock
 from tiercache.tiers.entry import install, prepare_file, shard_dir
 from tiercache.tiers.local import LocalTier, make_tier_dir, remove_file
 from tiercache.tiers.locks import lock, unlock
@@ -137,8 +136,13 @@ class MetadataCache:
         file_mode: int = 0o600,
         dir_mode: int = 0o700,
         lock_timeout: float = 60.0,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = wall_clock,
+        freshness: Freshness | None = None,
+        also_invalidate: Callable[[str, list[str]], None] | None = None,
     ) -> None:
+        """``freshness``: how long an answer holds (default: ``consistency`` and ``ttl`` on
+        ``clock``). ``also_invalidate``: told what ``invalidate`` forgets, with ``shared``
+        (the shared tier's listings, ``SharedListings``)."""
         self.dir = os.path.join(root, "metadata")
         self._namespace = namespace
         self._consistency = consistency
@@ -147,9 +151,8 @@ class MetadataCache:
         self._dir_mode = dir_mode
         self._lock_timeout = lock_timeout
         self._clock = clock
-        self.freshness = Freshness(consistency, ttl, clock)
-        # Called by ``invalidate`` too: the shared tier's listings (``SharedListings``).
-        self.also_invalidate: Callable[[str, list[str]], None] | None = None
+        self.freshness = freshness or Freshness(consistency, ttl, clock)
+        self.also_invalidate = also_invalidate
         os.makedirs(root, mode=dir_mode, exist_ok=True)
         make_tier_dir(root, "metadata", dir_mode)
         self._shards_ready: set[str] = set()

@@ -78,15 +78,16 @@ class PrefetchEngine:
         tier: LocalTier,
         store: ObjectStore,
         stats: Stats,
+        next_use: NextUse,
     ) -> None:
+        """``next_use``: where the read orders go that rank ``tier``'s eviction."""
         self._workers = config.prefetch_workers
         self._governor = FlightGovernor(config.prefetch_workers, MAX_PREFETCH_WORKERS)
         self._read_path = read_path
         self._tier = tier
         self._stats = stats
         self.window = Budget(config.prefetch_window, node=tier.ledger)
-        self.next_use = NextUse(tier.root, stats, tier.file_mode, tier.dir_mode)
-        tier.next_use = self.next_use
+        self.next_use = next_use
         self._reset()
         forksafe.register(self)
 

@@ -68,7 +68,12 @@ class ReadPath:
         stats: Stats,
         shared: SharedTier | None = None,
         revalidator: ListingRevalidator | None = None,
+        pending_write: Callable[[str, str], CachedEntry | None] | None = None,
+        pending_tier: LocalTier | None = None,
     ) -> None:
+        """``pending_write``: the dirty entry of a write pending in the journal, restored if
+        damaged (by entry id and source), asked on a local miss before the store;
+        ``pending_tier``: the tier writes behind wait in (``write_tier``; default ``tier``)."""
         self._config = config
         self._freshness = Freshness(config.consistency, config.ttl)
         self._revalidator = revalidator
@@ -85,10 +90,8 @@ class ReadPath:
         self.verifier = Verifier(stats)
         self._checks = EntryChecks(self.verifier, config.verify, config.lock_timeout, shared)
         self.blocks = BlockFetcher(config, tier, store, self._retry, stats, self.verifier)
-        # The dirty entry of a write pending in the journal, restored if damaged (entry id,
-        # source): asked on a local miss, before the store (set by the runtime).
-        self.pending_write: Callable[[str, str], CachedEntry | None] | None = None
-        self.pending_tier: LocalTier = tier  # the tier writes behind wait in (``write_tier``)
+        self.pending_write = pending_write
+        self.pending_tier: LocalTier = pending_tier or tier
         forksafe.register(self)
 
     def after_fork(self) -> None:

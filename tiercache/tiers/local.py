@@ -86,6 +86,10 @@ class BlockPaths:
     meta: str
 
 
+def _keep_none(meta: EntryMeta) -> bool:
+    return False
+
+
 # Publications of this process an eviction pass can tell apart from what its scan saw.
 _PUBLICATIONS_KEPT = 4096
 
@@ -114,9 +118,15 @@ class LocalTier:
         low_watermark: float = 0.95,
         min_free_bytes: int = 0,
         ledger: Ledger | None = None,
+        stats: Stats | None = None,
+        keep: Callable[[EntryMeta], bool] | None = None,
+        next_use: NextUse | None = None,
     ):
         """``ledger``: where the node's processes count their fetches in flight (default:
-        ``ROOT/ledger``, see ``tiers/ledger.py``)."""
+        ``ROOT/ledger``, see ``tiers/ledger.py``). ``stats``: where evictions are counted.
+        ``keep``: entries eviction must leave alone besides dirty and open ones (the newest
+        checkpoints). ``next_use``: read orders that rank eviction by next use (none for a
+        shared tier, whose entries serve other hosts' readers)."""
         self.max_bytes = max_bytes
         self.high_watermark = high_watermark
         self.low_watermark = low_watermark
@@ -137,13 +147,9 @@ class LocalTier:
         # costs less than opening, reading and parsing the file again.
         self._metas: dict[str, tuple[tuple[int, int, int, int], EntryMeta]] = {}
         self.boot_id = current_boot_id()
-        # Entries eviction must leave alone besides dirty and open ones (set by the runtime).
-        self.keep: Callable[[EntryMeta], bool] = lambda meta: False
-        # Read orders that rank eviction by next use (set by the prefetch engine; none for a
-        # shared tier, whose entries serve other hosts' readers).
-        self.next_use: NextUse | None = None
-        # Where evictions are counted (set by the runtime for the node's local tier).
-        self.stats: Stats | None = None
+        self.keep: Callable[[EntryMeta], bool] = keep or _keep_none
+        self.next_use = next_use
+        self.stats = stats
         self._lock = threading.Lock()
         self._room_lock = threading.Lock()  # one ``make_room`` at a time: check, then reserve
         self._claims: dict[int, int] = {}  # claim -> bytes (``make_room``), oldest first

@@ -105,11 +105,13 @@ class Uploader:
         store: ObjectStore,
         stats: Stats,
         checkpoints: CheckpointRegistry,
+        on_landed: Callable[[str, str], None] | None = None,
     ) -> None:
+        """``on_landed``: told of each object that reached the store (the listings kept for
+        other hosts forget it)."""
         self._config = config
         self._checkpoints = checkpoints
-        # Told of each object that reached the store (listings kept for other hosts forget it).
-        self.on_landed: Callable[[str, str], None] | None = None
+        self.on_landed = on_landed
         self._state = state
         self._store = store
         self._namespace = canonical_namespace(store.namespace)
