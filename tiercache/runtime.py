@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import weakref
 from dataclasses import dataclass
 from functools import partial
@@ -19,7 +18,7 @@ from typing import Any
 from tiercache.checkpoints import CheckpointRegistry, CommitHolds
 from tiercache.config import TierCacheConfig, fetch_streams, upload_parts
 from tiercache.metadata.cache import MetadataCache
-from tiercache.metadata.freshness import Freshness
+from tiercache.metadata.freshness import Freshness, wall_clock
 from tiercache.metadata.revalidate import ListingRevalidator
 from tiercache.metadata.shared import Lister, ListingProofs, SharedListings
 from tiercache.metrics import publish
@@ -116,7 +115,7 @@ def _build(config: TierCacheConfig, store: ObjectStore) -> CacheRuntime:
     )
     staging = staged_shared or tier
     write_state = WriteState(staging, config.lock_timeout)
-    clock = time.time
+    clock = wall_clock
     freshness = Freshness(config.consistency, config.ttl, clock)
     shared_listings = None
     proofs = None
