@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("async_api", "hf_datasets", "mount"),  # the other faces
     ("cli",),
     ("tiercache",),  # the package's own __init__: the public API
+    ("adapters",),  # PyTorch's integrations over the public API (tiercache.adapters when installed)
 )
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
 
